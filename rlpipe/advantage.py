@@ -1,0 +1,164 @@
+"""The `advantage` stage's work: from scored rollouts to the round's training batch.
+
+In order: reward shaping (overlong penalty, when the algorithm asks for it), dynamic sampling (drop
+groups that carry no signal, keep at most `prompts_per_round`), old logprobs (behaviour logprobs, or a
+trainer recompute when the rollout engine differs), reference logprobs (when a KL term is used),
+critic values (GAE presets), then the algorithm's advantage estimator on the kept rows.
+ReMax's greedy rows give their group's baseline reward and are not kept.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlpipe import artifacts
+from rlpipe.config import Params, ResolvedAlgorithm
+
+
+@dataclass
+class GroupSelection:
+    kept_rows: list[int]
+    """Sampled rows of the kept groups, in artifact order."""
+    generated: int
+    dropped: int
+    kept: int
+
+
+def select_groups(spec: ResolvedAlgorithm, columns: artifacts.Columns, shaped: list[float], target: int) -> GroupSelection:
+    """Dynamic sampling: groups whose outcomes are all equal carry no signal and are dropped; at most
+    `target` groups are kept (the first ones, in rollout order). Without it every group is kept."""
+    import torch
+
+    from rlpipe.algorithms.build import zero_variance_groups
+
+    sampled = [i for i, greedy in enumerate(columns["is_greedy"]) if not greedy]
+    groups = [columns["group"][i] for i in sampled]
+    generated = len(set(groups))
+    if not spec.dynamic_sampling:
+        return GroupSelection(sampled, generated, 0, generated)
+    signal = [float(columns["correct"][i]) for i in sampled] if spec.dynamic_sampling_metric == "correct" \
+        else [shaped[i] for i in sampled]
+    flat = zero_variance_groups(torch.tensor(signal, dtype=torch.float64), torch.tensor(groups))
+    informative = sorted({g for g, no_signal in zip(groups, flat.tolist()) if not no_signal})
+    kept_groups = set(informative[:target])
+    kept_rows = [i for i, g in zip(sampled, groups) if g in kept_groups]
+    return GroupSelection(kept_rows, generated, generated - len(informative), len(kept_groups))
+
+
+def needs_old_recompute(params: Params) -> bool:
+    mode = params.rollout.recompute_old_logprobs
+    return mode == "always" or (mode == "auto" and params.rollout.backend != "hf")
+
+
+def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path: Path, ref_path: Path,
+                critic_path: Path, out_path: Path) -> dict:
+    import torch
+
+    from rlpipe.algorithms.build import compute_round_advantages
+    from rlpipe.sequences import pad_ragged
+
+    spec, cfg = params.algorithm.resolve(), params.rollout
+    table = artifacts.read_table(rewards_path, artifacts.REWARDS)
+    artifacts.check_group_sizes(table, rewards_path, cfg.samples_per_prompt, int(spec.greedy_baseline))
+    columns = artifacts.Columns.of(table)
+    penalty = columns["overlong_penalty"] if spec.overlong_shaping else [0.0] * len(columns)
+    shaped = [r + p for r, p in zip(columns["reward"], penalty)]
+    selection = select_groups(spec, columns, shaped, cfg.prompts_per_round)
+    metrics = {"dynamic_sampling/generated": selection.generated, "dynamic_sampling/dropped": selection.dropped,
+               "dynamic_sampling/kept": selection.kept}
+    if selection.kept < cfg.prompts_per_round and spec.dynamic_sampling:
+        warnings.warn(f"{round_name}: only {selection.kept} of {cfg.prompts_per_round} groups carry signal "
+                      f"({selection.dropped} dropped); training on those. Raise rollout.oversample to keep more.")
+
+    n = len(columns)
+    old = [list(lp) for lp in columns["behaviour_logprobs"]]
+    empty: list[list[float]] = [[] for _ in range(n)]
+    out = {**columns.data, "kept": [False] * n, "shaped_reward": shaped, "old_logprobs": old,
+           "ref_logprobs": empty, "values": empty, "advantages": [[0.0] * len(r) for r in old], "returns": empty}
+    rows = selection.kept_rows
+    if rows:
+        prompt_ids = [columns["prompt_ids"][i] for i in rows]
+        response_ids = [columns["response_ids"][i] for i in rows]
+        width = max(len(r) for r in response_ids)
+        mask = pad_ragged(response_ids, 0, torch.long, width=width)[1]
+        logprobs = RoundLogprobs(params, prompt_ids, response_ids, width)
+        old_logp = pad_ragged([old[i] for i in rows], 0.0, torch.float32, width=width)[0]
+        if needs_old_recompute(params):
+            recomputed = logprobs.of(policy_path)
+            drift = (recomputed - old_logp).abs()[mask]
+            metrics.update({"logprob_drift/mean": drift.mean().item(), "logprob_drift/max": drift.max().item()})
+            old_logp = recomputed
+        ref_logp = None
+        if spec.needs_reference:
+            ref_logp = old_logp if Path(ref_path).resolve() == Path(policy_path).resolve() else logprobs.of(ref_path)
+        values = None
+        if spec.needs_critic:
+            from rlpipe.value_model import critic_values
+
+            values = critic_values(critic_path, prompt_ids, response_ids, width, params.update.micro_batch_tokens)
+        group_ids = sorted({columns["group"][i] for i in rows})
+        dense = {g: k for k, g in enumerate(group_ids)}
+        baseline = None
+        if spec.greedy_baseline:
+            greedy_reward = {columns["group"][i]: shaped[i] for i in range(n) if columns["is_greedy"][i]}
+            baseline = torch.tensor([greedy_reward[columns["group"][i]] for i in rows], dtype=torch.float32)
+        step_ends, step_mask = pad_ragged([columns["step_ends"][i] for i in rows], 0, torch.long)
+        step_rewards = pad_ragged([columns["step_rewards"][i] for i in rows], 0.0, torch.float32)[0]
+        result = compute_round_advantages(
+            spec,
+            rewards=torch.tensor([shaped[i] for i in rows], dtype=torch.float32),
+            response_mask=mask,
+            group_index=torch.tensor([dense[columns["group"][i]] for i in rows]),
+            old_logp=old_logp, ref_logp=ref_logp, values=values, baseline_rewards=baseline,
+            step_ends=step_ends, step_rewards=step_rewards, step_mask=step_mask,
+        )
+        lengths = mask.sum(dim=1).tolist()
+
+        def unpad(t: torch.Tensor) -> list[list[float]]:
+            return [row[:length] for row, length in zip(t.tolist(), lengths)]
+
+        for column, tensor in (("old_logprobs", old_logp), ("ref_logprobs", ref_logp), ("values", values),
+                               ("advantages", result.advantages), ("returns", result.returns)):
+            if tensor is not None:
+                out[column] = list(out[column])
+                for i, row in zip(rows, unpad(tensor)):
+                    out[column][i] = row
+        for i in rows:
+            out["kept"][i] = True
+        metrics.update(advantage_metrics(result.advantages, mask, old_logp, ref_logp))
+    else:
+        warnings.warn(f"{round_name}: no group carries signal; the update of this round will be skipped")
+    artifacts.write_table(out_path, out, artifacts.BATCH)
+    return metrics
+
+
+class RoundLogprobs:
+    """Trainer-side logprobs of the round's kept responses under a given checkpoint."""
+
+    def __init__(self, params: Params, prompt_ids, response_ids, width: int):
+        self.params, self.prompt_ids, self.response_ids, self.width = params, prompt_ids, response_ids, width
+
+    def of(self, model_path: Path):
+        from rlpipe.models import load_policy
+        from rlpipe.sequences import batched_response_logprobs
+
+        model, tokenizer = load_policy(model_path, self.params.model.dtype)
+        return batched_response_logprobs(
+            model, self.prompt_ids, self.response_ids, tokenizer.pad_token_id, self.params.rollout.temperature,
+            self.params.update.micro_batch_tokens, self.width,
+        )
+
+
+def advantage_metrics(advantages, mask, old_logp, ref_logp) -> dict:
+    valid = advantages[mask]
+    metrics = {
+        "advantage/mean": valid.mean().item(),
+        "advantage/std": valid.std(unbiased=False).item(),
+        "advantage/abs_mean": valid.abs().mean().item(),
+        "advantage/kept_tokens": int(mask.sum()),
+    }
+    if ref_logp is not None:
+        metrics["kl/ref_k1_mean"] = (old_logp - ref_logp)[mask].mean().item()
+    return metrics

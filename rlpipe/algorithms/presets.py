@@ -1,0 +1,81 @@
+"""The 13 algorithm presets of ALGORITHMS.md, as departures from `ResolvedAlgorithm`'s defaults.
+
+Pure data, no torch: `rlpipe.config` imports it to validate params.yaml before any model loads.
+A preset names only what differs from the field defaults of `rlpipe.config.ResolvedAlgorithm`
+(eps 0.2/0.2, no dual clip, no entropy or NLL term, no whitening, gamma = lambda = 1, std ddof 0,
+eps 1e-6, no dynamic sampling, no overlong shaping). Every field stays overridable in params.yaml.
+"""
+
+# KL placed in the reward with k1 at beta = 0.01: the seed tables' REINFORCE-family setting.
+_KL_IN_REWARD = {"kl_placement": "reward", "kl_estimator": "k1", "kl_beta": 0.01}
+# KL placed in the loss with k3: DeepSeekMath's GRPO.
+_KL_IN_LOSS = {"kl_placement": "loss", "kl_estimator": "k3"}
+
+PRESETS: dict[str, dict[str, object]] = {
+    "reinforce": {"estimator": "reinforce", **_KL_IN_REWARD, "loss_agg": "seq-mean-token-sum"},
+    "reinforce_kl_trick": {
+        "estimator": "reinforce_kl_to_go",
+        **_KL_IN_REWARD,
+        "loss_agg": "seq-mean-token-sum",
+    },
+    "reinforce_pp": {"estimator": "reinforce_pp", **_KL_IN_REWARD, "loss_agg": "token-mean"},
+    "rloo": {"estimator": "rloo", **_KL_IN_REWARD, "loss_agg": "seq-mean-token-sum"},
+    "remax": {"estimator": "remax", **_KL_IN_REWARD, "loss_agg": "seq-mean-token-sum"},
+    "ppo": {
+        "estimator": "gae",
+        "gamma": 1.0,
+        "lam": 0.95,
+        "lambda_critic": 0.95,
+        **_KL_IN_REWARD,
+        "loss_agg": "token-mean",
+        "whiten_advantages": True,
+    },
+    # ORZ: GAE with lambda = gamma = 1 and no KL, so A_t = r - V_t; not whitened (it would bias ORZ).
+    "orz": {
+        "estimator": "gae",
+        "gamma": 1.0,
+        "lam": 1.0,
+        "lambda_critic": 1.0,
+        "kl_placement": "none",
+        "kl_beta": 0.0,
+        "loss_agg": "token-mean",
+    },
+    "grpo": {"estimator": "group_norm", **_KL_IN_LOSS, "kl_beta": 0.04, "loss_agg": "seq-mean-token-mean"},
+    "grpo_r1": {"estimator": "group_norm", **_KL_IN_LOSS, "kl_beta": 0.001, "loss_agg": "seq-mean-token-sum"},
+    "dapo": {
+        "estimator": "group_norm",
+        "kl_placement": "none",
+        "kl_beta": 0.0,
+        "loss_agg": "group-token-mean",
+        "eps_low": 0.2,
+        "eps_high": 0.28,
+        "dynamic_sampling": True,
+        "overlong_shaping": True,
+    },
+    "dr_grpo": {
+        "estimator": "group_mean",
+        "kl_placement": "none",
+        "kl_beta": 0.0,
+        "loss_agg": "seq-mean-token-sum-norm",
+    },
+    "vapo": {
+        "estimator": "gae",
+        "gamma": 1.0,
+        "lam": "adaptive",
+        "adaptive_lambda_alpha": 0.05,
+        "lambda_critic": 1.0,
+        "kl_placement": "none",
+        "kl_beta": 0.0,
+        "loss_agg": "token-mean",
+        "eps_low": 0.2,
+        "eps_high": 0.28,
+        "nll_coef": 0.1,
+        "dynamic_sampling": True,
+    },
+    "grpo_process": {
+        "estimator": "group_process",
+        **_KL_IN_LOSS,
+        "kl_beta": 0.04,
+        "loss_agg": "seq-mean-token-mean",
+    },
+}

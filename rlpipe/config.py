@@ -1,0 +1,414 @@
+"""Pydantic models mirroring `params.yaml`, one per section, and `load_params()` that validates it all.
+
+Every model forbids unknown keys, and every default lives here and nowhere else. Cross-field rules
+(group estimators need >= 2 samples per prompt, rounds must chain r1 <- r0, ...) are validators, so a
+bad params file fails before any stage loads a model, with a message naming the key. This module
+imports neither torch nor transformers: each stage validates the whole file first, cheaply.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from rlpipe.algorithms.presets import PRESETS
+from rlpipe.errors import PipelineError
+
+
+class ParamsError(PipelineError, ValueError):
+    """A params file that does not validate; the message names the file and each bad key."""
+
+
+class KeyedError(ValueError):
+    """A cross-field rule broken at one params key; the formatter reports it at that key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Names of pluggable components. Each Literal equals its registry's keys (a test asserts it).
+PresetName = Literal[
+    "reinforce", "reinforce_kl_trick", "reinforce_pp", "rloo", "remax", "ppo", "orz",
+    "grpo", "grpo_r1", "dapo", "dr_grpo", "vapo", "grpo_process",
+]  # fmt: skip
+EstimatorName = Literal[
+    "reinforce", "reinforce_kl_to_go", "reinforce_pp", "rloo", "remax", "gae",
+    "group_norm", "group_mean", "group_process",
+]  # fmt: skip
+KLEstimatorName = Literal["k1", "k2", "k3"]
+LossAggName = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "group-token-mean"
+]
+RolloutBackendName = Literal["hf", "vllm"]
+VerifierName = Literal["exact_match", "chain_steps", "math"]
+TaskName = Literal["addition", "chain"]
+
+# Estimators that compare a response with the rest of its group: they need M >= 2.
+GROUP_ESTIMATORS = ("rloo", "group_norm", "group_mean", "group_process")
+
+
+class RuntimeConfig(Section):
+    torch_threads: int = Field(2, ge=1)
+    """Threads each torch stage uses. On a loaded 2-core machine, 1 can beat 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+class DataConfig(Section):
+    source: Literal["synthetic"] = "synthetic"
+    """Where prompts come from: the seeded synthetic generator."""
+    task: TaskName = "addition"
+    """Synthetic task: `addition` ("37+45=" -> "82"), or `chain` (multi-step sums, one step per partial sum)."""
+    num_train: int = Field(7000, ge=1)
+    """Training prompts generated."""
+    num_test: int = Field(500, ge=1)
+    """Held-out prompts generated (disjoint from train)."""
+    digits: int = Field(2, ge=1, le=6)
+    """Digits per operand of the synthetic tasks."""
+    chain_terms: int = Field(3, ge=2, le=8)
+    """Operands per prompt of the `chain` task."""
+
+
+# ----------------------------------------------------------------------------------------------
+class TinyModelConfig(Section):
+    """The embedded policy: a small Llama built from config, no download."""
+
+    layers: int = Field(4, ge=1)
+    hidden: int = Field(128, ge=8)
+    heads: int = Field(4, ge=1)
+    intermediate: int = Field(512, ge=8)
+    max_positions: int = Field(64, ge=8)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "TinyModelConfig":
+        if self.hidden % self.heads:
+            raise KeyedError("model.tiny.hidden", f"{self.hidden} is not divisible by model.tiny.heads = {self.heads}")
+        return self
+
+
+class WarmStartConfig(Section):
+    """Supervised warm start of the tiny model, so that RL starts from a partly right policy."""
+
+    steps: int = Field(300, ge=0)
+    """Optimizer steps of SFT on (prompt, answer) pairs of the train split. 0 = start from random weights."""
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(64, ge=1)
+
+
+class ModelConfig(Section):
+    path: Optional[str] = None
+    """HF model directory or hub name of the policy. null = the embedded tiny model, built in `init`."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    tiny: TinyModelConfig = TinyModelConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+
+
+# ----------------------------------------------------------------------------------------------
+class RolloutConfig(Section):
+    backend: RolloutBackendName = "hf"
+    """`hf`: transformers generate (CPU or GPU). `vllm`: the vLLM engine (optional extra)."""
+    prompts_per_round: int = Field(1024, ge=1)
+    """Prompts sampled per round: the round's train batch (verl: train_batch_size)."""
+    samples_per_prompt: int = Field(8, ge=1)
+    """M: responses per prompt, one group."""
+    oversample: float = Field(1.0, ge=1.0)
+    """With dynamic sampling, generate ceil(oversample * prompts_per_round) prompts so enough groups survive."""
+    max_new_tokens: int = Field(8, ge=1)
+    """L_max of the response."""
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    """0 = off."""
+    batch_size: int = Field(4096, ge=1)
+    """Sequences per generate call."""
+    recompute_old_logprobs: Literal["auto", "always", "never"] = "auto"
+    """`auto` recomputes pi_old with the trainer whenever the rollout engine is not the trainer's (vllm)."""
+
+
+class RewardConfig(Section):
+    verifier: Literal["auto"] | VerifierName = "auto"
+    """`auto`: exact_match for `addition`, chain_steps for `chain`."""
+    overlong_cache_len: int = Field(2, ge=0)
+    """L_cache of DAPO's soft overlong punishment (applied when the algorithm's overlong_shaping is on)."""
+
+
+# ----------------------------------------------------------------------------------------------
+class ResolvedAlgorithm(Section):
+    """Every component of one algorithm, after a preset is expanded and the overrides applied."""
+
+    estimator: EstimatorName = "group_norm"
+    kl_placement: Literal["reward", "loss", "none"] = "none"
+    """Where the KL to the reference goes: folded into the reward, added to the loss, or nowhere."""
+    kl_estimator: KLEstimatorName = "k1"
+    kl_beta: float = Field(0.0, ge=0)
+    """KL coefficient; 0 disables the KL term wherever it is placed."""
+    loss_agg: LossAggName = "token-mean"
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.2, ge=0)
+    """Clip range (1 - eps_low, 1 + eps_high); eps_high > eps_low is DAPO's clip-higher."""
+    clip_ratio_c: float = Field(0.0, ge=0)
+    """Dual-clip constant for negative advantages (e.g. 3.0); 0 = off."""
+    entropy_coef: float = Field(0.0, ge=0)
+    nll_coef: float = Field(0.0, ge=0)
+    """mu of VAPO's positive-example NLL term."""
+    whiten_advantages: bool = False
+    """Whiten A over all valid tokens of the batch (ppo). The critic's returns use the raw A."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: Annotated[float, Field(ge=0, le=1)] | Literal["adaptive"] = 1.0
+    """GAE lambda of the policy advantages; `adaptive` = VAPO's clamp(1 - 1/(alpha T_b), 0, 1)."""
+    lambda_critic: float = Field(1.0, ge=0, le=1)
+    """GAE lambda of the critic's returns (decoupled GAE)."""
+    adaptive_lambda_alpha: float = Field(0.05, gt=0)
+    """alpha of the length-adaptive lambda; used only when lam = adaptive."""
+    std_ddof: Literal[0, 1] = 0
+    """0: population std (the analysis' sqrt(p(1-p))); 1: unbiased std as in verl/TRL."""
+    std_eps: float = Field(1e-6, gt=0)
+    dynamic_sampling: bool = False
+    """Drop groups whose outcomes are all equal (DAPO); see rollout.oversample."""
+    dynamic_sampling_metric: Literal["correct", "reward"] = "correct"
+    """Equal `correct` (as DAPO and verl) or equal shaped `reward` marks a group as carrying no signal."""
+    overlong_shaping: bool = False
+    """Add DAPO's soft overlong penalty (reward.overlong_cache_len) to the reward."""
+    overlong_filtering: bool = False
+    """Give truncated responses zero loss weight."""
+
+    @field_validator("clip_ratio_c")
+    @classmethod
+    def _dual_clip_above_one(cls, value: float) -> float:
+        if 0 < value <= 1:
+            raise ValueError("must be 0 (off) or > 1")
+        return value
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_placement != "none" and self.kl_beta > 0
+
+    @property
+    def greedy_baseline(self) -> bool:
+        """ReMax: one extra greedy sample per prompt whose reward is the group's baseline."""
+        return self.estimator == "remax"
+
+
+def _as_override(field) -> tuple[Any, Any]:
+    """The field as an optional override: same type and bounds, None = take the preset's value."""
+    annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+    return Optional[annotation], Field(None, description=field.description)
+
+
+# `algorithm` = a preset plus an optional override for every component of ResolvedAlgorithm. Built from
+# ResolvedAlgorithm's fields so that the two can never drift apart, and so that a bad override is
+# reported at its own key (algorithm.eps_high) with the component's own bounds.
+_AlgorithmOverrides = create_model(
+    "_AlgorithmOverrides",
+    __base__=Section,
+    **{name: _as_override(field) for name, field in ResolvedAlgorithm.model_fields.items()},
+)
+
+
+class AlgorithmConfig(_AlgorithmOverrides):
+    preset: PresetName = "grpo"
+    """One of the 13 presets of ALGORITHMS.md; every other key of this section overrides one component."""
+
+    @model_validator(mode="after")
+    def _resolves(self) -> "AlgorithmConfig":
+        self.resolve()  # cross-component rules of ResolvedAlgorithm fail here, at load time
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        return {k: v for k, v in self if k != "preset" and v is not None}
+
+    def resolve(self) -> ResolvedAlgorithm:
+        try:
+            return ResolvedAlgorithm(**{**PRESETS[self.preset], **self.overrides()})
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = "algorithm." + _error_key(first["loc"], ResolvedAlgorithm)
+            raise KeyedError(key, f"{first['msg'].removeprefix('Value error, ')} (preset {self.preset!r})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+class UpdateConfig(Section):
+    lr: float = Field(1e-4, gt=0)
+    epochs: int = Field(1, ge=1)
+    """Passes over the round's batch (verl: ppo_epochs)."""
+    minibatch_prompts: int = Field(64, ge=1)
+    """Prompts (whole groups) per optimizer step (verl: ppo_mini_batch_size)."""
+    micro_batch_tokens: int = Field(16384, ge=1)
+    """Token budget of one forward/backward; gradients accumulate exactly over micro-batches."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    shuffle: bool = True
+    """Shuffle groups into minibatches (seeded)."""
+
+
+class ValueModelConfig(Section):
+    path: Optional[str] = None
+    """Backbone of the critic; null = initialise from the init policy."""
+
+
+class ValuePretrainConfig(Section):
+    max_steps: int = Field(200, ge=0)
+    min_explained_variance: float = Field(0.5, le=1)
+    prompts: int = Field(512, ge=1)
+
+
+class ValueConfig(Section):
+    model: ValueModelConfig = ValueModelConfig()
+    lr: float = Field(1e-4, gt=0)
+    epochs: int = Field(1, ge=1)
+    clip_range: float = Field(0.2, gt=0)
+    pretrain: ValuePretrainConfig = ValuePretrainConfig()
+
+
+class EvalConfig(Section):
+    max_prompts: int = Field(500, ge=1)
+    """Test prompts scored (the first ones of the test split)."""
+    samples: int = Field(8, ge=1)
+    """n sampled responses per prompt for the unbiased pass@k."""
+    k: list[int] = Field(default_factory=lambda: [1, 4, 8])
+    """The k of pass@k; each must be <= samples."""
+    temperature: float = Field(1.0, gt=0)
+    curve: bool = True
+    """Also score every round's checkpoint (greedy pass@1), for the learning curve."""
+
+    @model_validator(mode="after")
+    def _k_le_samples(self) -> "EvalConfig":
+        bad = [k for k in self.k if not 1 <= k <= self.samples]
+        if bad:
+            raise KeyedError("eval.k", f"each k must lie in [1, eval.samples = {self.samples}], got {bad}")
+        return self
+
+
+class TrackingConfig(Section):
+    experiment: str = "rlpipe"
+    """MLflow experiment name."""
+    enabled: bool = True
+
+
+class RoundConfig(Section):
+    prev: str
+    """The round whose policy this round starts from (r0 = the init policy)."""
+
+
+# ----------------------------------------------------------------------------------------------
+class Params(Section):
+    seed: int = 0
+    runtime: RuntimeConfig = RuntimeConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    update: UpdateConfig = UpdateConfig()
+    value: ValueConfig = ValueConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    rounds: dict[str, RoundConfig] = Field(default_factory=lambda: {"r1": RoundConfig(prev="r0")})
+    """Unrolled rounds: r1 <- r0, r2 <- r1, ...; dvc.yaml runs one rollout/reward/advantage/update per key."""
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "Params":
+        algo = self.algorithm.resolve()
+        if algo.estimator in GROUP_ESTIMATORS and self.rollout.samples_per_prompt < 2:
+            raise KeyedError(
+                "rollout.samples_per_prompt",
+                f"must be >= 2 for estimator {algo.estimator!r} (preset {self.algorithm.preset!r}): "
+                f"a group of one has no baseline; got {self.rollout.samples_per_prompt}",
+            )
+        expected = [f"r{i}" for i in range(1, len(self.rounds) + 1)]
+        if list(self.rounds) != expected:
+            raise KeyedError("rounds", f"must be named {expected} in order, got {list(self.rounds)}")
+        for name, round_cfg in self.rounds.items():
+            want = f"r{int(name[1:]) - 1}"
+            if round_cfg.prev != want:
+                raise KeyedError(f"rounds.{name}.prev", f"must be {want!r}, got {round_cfg.prev!r}")
+        if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
+            raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
+        return self
+
+    # derived settings, in one place -------------------------------------------------------------
+    def resolved_verifier(self) -> VerifierName:
+        if self.reward.verifier != "auto":
+            return self.reward.verifier
+        return "chain_steps" if self.data.task == "chain" else "exact_match"
+
+    @property
+    def round_names(self) -> list[str]:
+        return list(self.rounds)
+
+    @property
+    def final_round(self) -> str:
+        return self.round_names[-1]
+
+
+# ----------------------------------------------------------------------------------------------
+def _error_key(loc: tuple, model: type[BaseModel] = Params) -> str:
+    """The dotted params key of a pydantic error location, without pydantic's union-branch tags."""
+    parts: list[str] = []
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
+            parts.append(str(part))
+            current = current.model_fields[part].annotation
+        elif getattr(current, "__origin__", None) is dict:
+            parts.append(str(part))
+            current = current.__args__[1]
+        else:
+            break
+    return ".".join(parts)
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid params ({err.error_count()} error{'s' * (err.error_count() > 1)})"]
+    for e in err.errors():
+        keyed = e.get("ctx", {}).get("error")
+        if isinstance(keyed, KeyedError):
+            lines.append(f"  {keyed.key}: {keyed.message}")
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"  {'.'.join(map(str, e['loc']))}: unknown key")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {_error_key(e['loc']) or '(top level)'}: {msg} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def params_from_dict(raw: dict, source: str = "params") -> Params:
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ParamsError(format_validation_error(err, source)) from None
+
+
+def default_params_path() -> Path:
+    return Path(os.environ.get("RLPIPE_PARAMS", "params.yaml"))
+
+
+def load_params(path: str | Path | None = None) -> Params:
+    """Read and validate the whole params file; raise ParamsError naming every bad key."""
+    path = Path(path) if path is not None else default_params_path()
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found (cwd {Path.cwd()})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    return params_from_dict(raw, str(path))

@@ -1,0 +1,128 @@
+"""Training the critic: the per-round clipped value update, and the shared value-fitting step.
+
+The per-round update (`train_critic`) fits V to the batch's returns with the clipped value loss
+0.5 max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2), token-mean over the kept tokens, with its
+own lr, epochs and clip range; its optimizer state is saved beside the critic and carried across rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlpipe import artifacts, paths
+from rlpipe.config import Params
+from rlpipe.errors import PipelineError
+from rlpipe.sequences import pack, pad_ragged, token_budget_chunks
+from rlpipe.value_model import CRITIC_OPTIMIZER_FILE, critic_forward, explained_variance, load_critic
+
+
+@dataclass
+class ValueTargets:
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    returns: torch.Tensor  # (B, T)
+    old_values: torch.Tensor | None  # (B, T), for value clipping
+    mask: torch.Tensor  # (B, T) bool
+
+    def rows(self, idx: list[int]) -> "ValueTargets":
+        return ValueTargets([self.prompt_ids[i] for i in idx], [self.response_ids[i] for i in idx],
+                            self.returns[idx], None if self.old_values is None else self.old_values[idx], self.mask[idx])
+
+
+def make_critic_optimizer(critic, params: Params, state_path: Path | None):
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=params.value.lr, weight_decay=0.0)
+    if state_path is not None and state_path.is_file():
+        optimizer.load_state_dict(torch.load(state_path, weights_only=True))
+        for group in optimizer.param_groups:
+            group["lr"] = params.value.lr
+    return optimizer
+
+
+def value_step(critic, optimizer, targets: ValueTargets, params: Params, pad_id: int, label: str) -> dict[str, float]:
+    """One optimizer step of the (clipped, when old values are given) value loss, token-mean."""
+    from rlpipe.algorithms.losses import value_loss
+
+    width = targets.mask.shape[1]
+    total_tokens = targets.mask.sum().clamp(min=1)
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, clipped = 0.0, 0.0
+    for rows in token_budget_chunks([len(p) + width for p in targets.prompt_ids], params.update.micro_batch_tokens):
+        batch = pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id, response_width=width)
+        values = critic_forward(critic, batch)
+        old = targets.old_values[rows] if targets.old_values is not None else values.detach()
+        per_token, clip_mask = value_loss(values, old, targets.returns[rows], params.value.clip_range)
+        mask = targets.mask[rows]
+        loss = (per_token * mask).sum() / total_tokens
+        if not torch.isfinite(loss):
+            raise PipelineError(f"{label}: critic loss is {loss.item()}")
+        loss.backward()
+        loss_sum += loss.item()
+        clipped += float((clip_mask & mask).sum())
+    grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), params.update.max_grad_norm)
+    if not torch.isfinite(grad_norm):
+        raise PipelineError(f"{label}: critic gradient norm is {grad_norm.item()}")
+    optimizer.step()
+    return {"value_loss": loss_sum, "value_clip_fraction": clipped / float(total_tokens),
+            "value_grad_norm": grad_norm.item()}
+
+
+@torch.no_grad()
+def predict(critic, targets: ValueTargets, params: Params, pad_id: int) -> torch.Tensor:
+    width = targets.mask.shape[1]
+    out = torch.zeros_like(targets.returns)
+    for rows in token_budget_chunks([len(p) + width for p in targets.prompt_ids], params.update.micro_batch_tokens):
+        out[rows] = critic_forward(critic, pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id,
+                                                response_width=width))
+    return out
+
+
+def save_critic(critic, tokenizer, optimizer, out_dir: Path, state: dict) -> None:
+    with artifacts.atomic_directory(out_dir) as tmp:
+        critic.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
+        (tmp / paths.TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def batch_targets(columns: artifacts.Columns, rows: list[int]) -> ValueTargets:
+    response_ids = [columns["response_ids"][i] for i in rows]
+    width = max(len(r) for r in response_ids)
+
+    def padded(name: str) -> torch.Tensor:
+        return pad_ragged([columns[name][i] for i in rows], 0.0, torch.float32, width=width)[0]
+
+    return ValueTargets([columns["prompt_ids"][i] for i in rows], response_ids, padded("returns"),
+                        padded("values"), pad_ragged(response_ids, 0, torch.long, width=width)[1])
+
+
+def train_critic(params: Params, round_name: str, batch_path: Path, critic_prev: Path, out_dir: Path) -> dict:
+    columns = artifacts.Columns.of(artifacts.read_table(batch_path, artifacts.BATCH))
+    rows = [i for i, kept in enumerate(columns["kept"]) if kept]
+    critic, tokenizer = load_critic(critic_prev, params.model.dtype)
+    optimizer = make_critic_optimizer(critic, params, critic_prev / CRITIC_OPTIMIZER_FILE)
+    metrics: dict[str, float] = {}
+    if rows:
+        targets = batch_targets(columns, rows)
+        metrics["value/explained_variance"] = explained_variance(targets.old_values, targets.returns, targets.mask)
+        groups: dict[int, list[int]] = {}
+        for k, i in enumerate(rows):
+            groups.setdefault(columns["group"][i], []).append(k)
+        rng, steps = random.Random(f"{params.seed}:critic:{round_name}"), []
+        critic.train()
+        for epoch in range(params.value.epochs):
+            order = list(groups)
+            rng.shuffle(order)
+            for start in range(0, len(order), params.update.minibatch_prompts):
+                idx = [k for g in order[start : start + params.update.minibatch_prompts] for k in groups[g]]
+                steps.append(value_step(critic, optimizer, targets.rows(idx), params, tokenizer.pad_token_id,
+                                        f"update@{round_name} critic epoch {epoch}"))
+        critic.eval()
+        for name in steps[0]:
+            metrics[f"value/{name}_mean"] = sum(s[name] for s in steps) / len(steps)
+    save_critic(critic, tokenizer, optimizer, out_dir, {"round": round_name, **metrics})
+    return metrics

@@ -1,0 +1,88 @@
+"""Loading and saving the policy, the reference and (see `rlpipe.value_model`) the critic.
+
+The policy is any causal LM that `AutoModelForCausalLM.from_pretrained(dir)` loads; the embedded one is
+a tiny Llama built from config. Compatibility between policy, reference and critic (same vocab and
+tokenizer) is checked at load, naming both paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from rlpipe.config import ModelConfig, TinyModelConfig
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int):
+    """A small Llama sized by `cfg`, vocab and special ids from the tokenizer, seeded init."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.heads,
+        max_position_embeddings=cfg.max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_policy(path: str | Path, dtype: str = "float32"):
+    """(model, tokenizer) from a `save_pretrained` directory or hub name; eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(path)
+    if Path(path).exists() and not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a model directory (no config.json); did its stage finish?")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    model.eval()
+    return model, tokenizer
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of the vocabulary and special ids: two models may share a batch only if these agree."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()[:16]
+
+
+def check_compatible(path_a: str | Path, model_a, tokenizer_a, path_b: str | Path, model_b, tokenizer_b) -> None:
+    """Raise naming both paths when two models cannot score the same token ids."""
+    vocab_a = model_a.get_input_embeddings().num_embeddings
+    vocab_b = model_b.get_input_embeddings().num_embeddings
+    if vocab_a != vocab_b:
+        raise ValueError(f"vocab size differs: {path_a} has {vocab_a}, {path_b} has {vocab_b}")
+    if tokenizer_fingerprint(tokenizer_a) != tokenizer_fingerprint(tokenizer_b):
+        raise ValueError(f"tokenizers differ between {path_a} and {path_b} (vocabulary or special ids)")
+
+
+def save_policy(model, tokenizer, path: Path, optimizer=None) -> None:
+    """`save_pretrained` of model and tokenizer, plus the optimizer state when given."""
+    import torch
+
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)
+
+
+def policy_source(model_cfg: ModelConfig) -> str:
+    return model_cfg.path or "embedded tiny model"

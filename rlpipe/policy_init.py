@@ -1,0 +1,40 @@
+"""The `init` stage's work: the round-0 policy, as a `save_pretrained` directory with its tokenizer.
+
+`model.path: null` builds the embedded tiny Llama and its character tokenizer locally and warm-starts
+it by SFT on the train split; any other path (local directory or hub name) is loaded and saved as is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlpipe import artifacts, paths
+from rlpipe.config import Params
+from rlpipe.tasks import target_text
+
+
+def init_policy(params: Params, train_path: Path, out_dir: Path) -> dict:
+    from rlpipe.models import build_tiny_model, load_policy, save_policy
+
+    metrics: dict[str, float] = {}
+    if params.model.path is None:
+        from rlpipe.data import read_prompts
+        from rlpipe.tokenizer import build_char_tokenizer
+        from rlpipe.warmstart import warm_start
+
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(params.model.tiny, tokenizer, params.seed)
+        train = read_prompts(train_path).to_pydict()
+        targets = [target_text(a, m, params.data.task) for a, m in zip(train["answer"], train["meta"])]
+        losses = warm_start(model, tokenizer, train["prompt"], targets, params.model.warm_start, params.seed)
+        if losses:
+            metrics["init/sft_loss_first"], metrics["init/sft_loss_last"] = losses[0], losses[-1]
+    else:
+        model, tokenizer = load_policy(params.model.path, params.model.dtype)
+    metrics["init/parameters"] = sum(p.numel() for p in model.parameters())
+    with artifacts.atomic_directory(out_dir) as tmp:
+        save_policy(model, tokenizer, tmp)
+        (tmp / paths.TRAINER_STATE).write_text(json.dumps({"round": "r0", "global_step": 0}) + "\n")
+    return metrics
+

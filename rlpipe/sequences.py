@@ -1,0 +1,114 @@
+"""Packing (prompt, response) token ids into model inputs, and per-token response logprobs.
+
+Layout (the same as `generate`'s): prompts left-padded to the batch's longest prompt, responses right-
+padded after them, position ids from the attention mask. Every response then starts at the same
+column, so the (B, T) response logprobs are one slice of the logits, with no per-row gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # (B, P + T)
+    attention_mask: torch.Tensor  # (B, P + T)
+    position_ids: torch.Tensor  # (B, P + T)
+    response_ids: torch.Tensor  # (B, T), pad where response_mask is 0
+    response_mask: torch.Tensor  # (B, T) bool
+
+    @property
+    def prompt_width(self) -> int:
+        return self.input_ids.shape[1] - self.response_ids.shape[1]
+
+
+def pad_ragged(rows: Sequence[Sequence[int]], pad: float, dtype, left: bool = False, width: int | None = None):
+    """(B, width) tensor of ragged rows, padded right (or left); and the (B, width) bool mask."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), pad, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        n = len(row)
+        if n == 0:
+            continue
+        cols = slice(width - n, width) if left else slice(0, n)
+        out[i, cols] = torch.as_tensor(row, dtype=dtype)
+        mask[i, cols] = True
+    return out, mask
+
+
+def pack(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int,
+         response_width: int | None = None) -> PackedBatch:
+    prompts, prompt_mask = pad_ragged(prompt_ids, pad_id, torch.long, left=True)
+    responses, response_mask = pad_ragged(response_ids, pad_id, torch.long, width=response_width)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    return PackedBatch(
+        input_ids=torch.cat([prompts, responses], dim=1),
+        attention_mask=attention_mask.long(),
+        position_ids=position_ids,
+        response_ids=responses,
+        response_mask=response_mask,
+    )
+
+
+def response_logits(model, batch: PackedBatch) -> torch.Tensor:
+    """(B, T, V) logits that predict each response token (only those positions are materialised)."""
+    width = batch.response_ids.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=width + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(token) under softmax(logits / temperature), (B, T); and the entropy (B, T) if asked."""
+    logprobs_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs_all.exp() * logprobs_all).sum(-1) if with_entropy else None
+    return logp, entropy
+
+
+def response_logprobs(model, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False):
+    """(logp (B, T), entropy (B, T) or None), zero at padded response positions."""
+    logp, entropy = token_logprobs(response_logits(model, batch), batch.response_ids, temperature, with_entropy)
+    mask = batch.response_mask
+    logp = logp.masked_fill(~mask, 0.0)
+    if entropy is not None:
+        entropy = entropy.masked_fill(~mask, 0.0)
+    return logp, entropy
+
+
+def token_budget_chunks(lengths: Sequence[int], budget: int) -> list[slice]:
+    """Consecutive row slices whose padded size (rows x longest row) stays within `budget` tokens."""
+    chunks, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        longest_if_added = max(longest, n)
+        if i > start and longest_if_added * (i - start + 1) > budget:
+            chunks.append(slice(start, i))
+            start, longest_if_added = i, n
+        longest = longest_if_added
+    if start < len(lengths):
+        chunks.append(slice(start, len(lengths)))
+    return chunks
+
+
+@torch.no_grad()
+def batched_response_logprobs(model, prompt_ids, response_ids, pad_id: int, temperature: float,
+                              token_budget: int, response_width: int) -> torch.Tensor:
+    """(B, response_width) logprobs of every response under `model`, in token-budget chunks."""
+    lengths = [len(p) + response_width for p in prompt_ids]
+    out = torch.zeros((len(prompt_ids), response_width), dtype=torch.float32)
+    for rows in token_budget_chunks(lengths, token_budget):
+        batch = pack(prompt_ids[rows], response_ids[rows], pad_id, response_width=response_width)
+        out[rows] = response_logprobs(model, batch, temperature)[0]
+    return out

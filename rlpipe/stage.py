@@ -1,0 +1,99 @@
+"""What every stage entry point shares: validate params, track, time, write metrics, fail clearly.
+
+A stage script is `run_stage("rollout", body)`: the whole params file is validated before any work
+(a bad key fails here, before a model loads), the MLflow worker starts, `body(ctx)` does the stage's
+one library call and returns its metrics, which go to `runs/metrics/<stage>[_<round>].json` (a DVC
+metrics file) and to MLflow. A `PipelineError` prints as one message naming the bad key, file or
+column, and exits 1 without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rlpipe import paths
+from rlpipe.artifacts import atomic_write_text
+from rlpipe.config import Params, load_params
+from rlpipe.errors import PipelineError
+from rlpipe.progress import bars_enabled
+from rlpipe.tracking import StageTracker
+
+STARTED = time.perf_counter()
+if not bars_enabled():  # transformers' own bars (loading, saving shards) follow ours
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@dataclass
+class StageContext:
+    name: str
+    params: Params
+    round_name: str | None
+    tracker: StageTracker
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dvc_stage(self) -> str:
+        return f"{self.name}@{self.round_name}" if self.round_name else self.name
+
+    def init_torch(self):
+        """Import torch with the configured threads and the run's seed."""
+        import torch
+
+        torch.set_num_threads(self.params.runtime.torch_threads)
+        torch.manual_seed(self.params.seed)
+        return torch
+
+    def timed(self, label: str):
+        return _Timer(self.timings, label)
+
+
+class _Timer:
+    def __init__(self, sink: dict[str, float], label: str):
+        self.sink, self.label = sink, label
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.sink[self.label] = self.sink.get(self.label, 0.0) + time.perf_counter() - self.started
+
+
+def metrics_file(name: str, round_name: str | None):
+    return paths.round_metrics_path(round_name, name) if round_name else paths.METRICS / f"{name}.json"
+
+
+def run_stage(name: str, body: Callable[[StageContext], dict], with_round: bool = False) -> None:
+    parser = argparse.ArgumentParser(prog=f"stages/{name}.py", description=(body.__doc__ or "").strip())
+    if with_round:
+        parser.add_argument("round", help="round name, e.g. r1")
+    args = parser.parse_args()
+    round_name = getattr(args, "round", None)
+    label = f"{name}@{round_name}" if round_name else name
+    try:
+        params = load_params()
+    except PipelineError as err:
+        sys.exit(f"{label}: {err}")
+    if round_name is not None and round_name not in params.rounds:
+        sys.exit(f"{label}: round {round_name!r} is not in params.yaml rounds ({', '.join(params.rounds)})")
+
+    tracker = StageTracker(params, label, round_name)
+    ctx = StageContext(name, params, round_name, tracker)
+    failed = True
+    try:
+        with ctx.timed("work_seconds"):
+            metrics = body(ctx) or {}
+        metrics = {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()},
+                   "stage/wall_seconds": time.perf_counter() - STARTED}
+        atomic_write_text(metrics_file(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        tracker.log_round_metrics(metrics) if round_name else tracker.log_metrics(metrics)
+        failed = False
+    except PipelineError as err:
+        sys.exit(f"{label}: {err}")
+    finally:
+        tracker.close(failed)

@@ -1,0 +1,81 @@
+"""The critic: the LM backbone with a scalar value head, and its per-round update.
+
+It is a transformers token-classification model with one label (as verl's critic), so
+`AutoModelForTokenClassification.from_pretrained(dir)` reloads backbone and head from the directory
+alone. It starts from the init policy (or `value.model.path`). V_t = V(s_t) is the head's output at the
+position that predicts response token t, i.e. the state before t. Critic-free presets write a marker
+file instead, with no model load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlpipe import artifacts, paths
+from rlpipe.config import Params
+
+CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"
+
+
+def write_no_critic_marker(out_dir: Path, preset: str) -> dict:
+    with artifacts.atomic_directory(out_dir) as tmp:
+        (tmp / paths.NO_CRITIC_MARKER).write_text(json.dumps({"critic": None, "preset": preset}) + "\n")
+    return {"value/critic": 0}
+
+
+def load_critic(path: str | Path, dtype: str = "float32", from_policy: bool = False):
+    """(critic, tokenizer). With `from_policy`, a fresh value head on the policy's backbone."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from rlpipe.models import torch_dtype
+
+    path = str(path)
+    if (Path(path) / paths.NO_CRITIC_MARKER).is_file():
+        raise FileNotFoundError(f"{path}: holds no critic (it was written for a critic-free preset); "
+                                f"rerun value_pretrain for a preset with a critic")
+    extra = {"num_labels": 1, "classifier_dropout": 0.0} if from_policy else {}
+    critic = AutoModelForTokenClassification.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
+    critic.eval()
+    return critic, AutoTokenizer.from_pretrained(path)
+
+
+def critic_forward(critic, batch):
+    """(B, T) values of the states before each response token (all positions materialised)."""
+    out = critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                 position_ids=batch.position_ids, use_cache=False)
+    width = batch.response_ids.shape[1]
+    scores = out.logits[..., 0]
+    values = scores[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width]
+    return values.float().masked_fill(~batch.response_mask, 0.0)
+
+
+def critic_values(critic_path: Path, prompt_ids, response_ids, width: int, token_budget: int, dtype: str = "float32"):
+    import torch
+
+    from rlpipe.sequences import pack, token_budget_chunks
+
+    critic, tokenizer = load_critic(critic_path, dtype)
+    out = torch.zeros((len(prompt_ids), width))
+    with torch.no_grad():
+        for rows in token_budget_chunks([len(p) + width for p in prompt_ids], token_budget):
+            batch = pack(prompt_ids[rows], response_ids[rows], tokenizer.pad_token_id, response_width=width)
+            out[rows] = critic_forward(critic, batch)
+    return out
+
+
+def explained_variance(values, returns, mask) -> float:
+    """1 - Var(G - V) / Var(G) over valid tokens (1 = perfect, 0 = no better than the mean)."""
+    g, v = returns[mask], values[mask]
+    var = g.var(unbiased=False)
+    return float(1 - (g - v).var(unbiased=False) / var) if var > 0 else float("nan")
+
+
+def update_critic(params: Params, round_name: str, batch_path: Path, critic_prev: Path, out_dir: Path) -> dict:
+    """Fit the critic to the batch's returns with the clipped value loss; critic-free: the marker."""
+    spec = params.algorithm.resolve()
+    if not spec.needs_critic:
+        return write_no_critic_marker(out_dir, params.algorithm.preset)
+    from rlpipe.critic_training import train_critic
+
+    return train_critic(params, round_name, batch_path, critic_prev, out_dir)

@@ -1,0 +1,17 @@
+"""prepare: the train/test prompt splits.
+
+Reads params `seed`, `data`. Writes runs/data/train.parquet and runs/data/test.parquet
+(prompt_id, prompt, answer, meta), and runs/metrics/prepare.json.
+"""
+
+from rlpipe.stage import run_stage
+
+
+def prepare(ctx):
+    from rlpipe.data import prepare
+
+    return prepare(ctx.params.data, ctx.params.seed)
+
+
+if __name__ == "__main__":
+    run_stage("prepare", prepare)

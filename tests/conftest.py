@@ -1,0 +1,43 @@
+"""Shared fixtures: a tiny Llama and the embedded char tokenizer, built from config (no download)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RLPIPE_PROGRESS", "0")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from rlpipe.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+    import torch
+
+    from rlpipe.config import TinyModelConfig
+    from rlpipe.models import build_tiny_model
+
+    torch.set_num_threads(1)
+    model = build_tiny_model(TinyModelConfig(layers=2, hidden=32, heads=2, intermediate=64, max_positions=64), tokenizer, seed=0)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
+    from rlpipe.models import save_policy
+
+    path = tmp_path_factory.mktemp("tiny_policy")
+    save_policy(tiny_model, tokenizer, path)
+    return path

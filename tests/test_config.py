@@ -1,0 +1,65 @@
+"""params.yaml validates; bad params fail before any model loads, naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlpipe.config import ParamsError, load_params, params_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_params_validate():
+    params = load_params(REPO / "params.yaml")
+    assert params.algorithm.resolve().estimator == "group_norm"
+    assert params.round_names == [f"r{i}" for i in range(1, len(params.rounds) + 1)]
+
+
+def test_every_shipped_params_file_validates():
+    files = [REPO / "params.yaml", *sorted((REPO / "examples").glob("*.yaml")), *sorted((REPO / "tests").glob("**/params*.yaml"))]
+    for path in files:
+        load_params(path)
+
+
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"rollout": {"samples_per_prompt": 8, "bogus": 1}}, "rollout.bogus"),
+        ({"nonsense": 1}, "nonsense"),
+        ({"update": {"lr": "fast"}}, "update.lr"),
+        ({"update": {"lr": -1.0}}, "update.lr"),
+        ({"rollout": {"max_new_tokens": 0}}, "rollout.max_new_tokens"),
+        ({"algorithm": {"preset": "grpo++"}}, "algorithm.preset"),
+        ({"algorithm": {"eps_high": -0.1}}, "algorithm.eps_high"),
+        ({"algorithm": {"loss_agg": "mean"}}, "algorithm.loss_agg"),
+        ({"algorithm": {"preset": "rloo"}, "rollout": {"samples_per_prompt": 1}}, "rollout.samples_per_prompt"),
+        ({"rounds": {"r1": {"prev": "r0"}, "r2": {"prev": "r0"}}}, "rounds.r2.prev"),
+        ({"eval": {"samples": 4, "k": [8]}}, "eval.k"),
+        ({"model": {"tiny": {"hidden": 30, "heads": 4}}}, "model.tiny.hidden"),
+    ],
+)
+def test_bad_params_name_the_key(patch, key):
+    with pytest.raises(ParamsError) as err:
+        params_from_dict(patch)
+    assert f"  {key}: " in str(err.value)
+
+
+def test_a_stage_rejects_bad_params_before_loading_a_model(tmp_path: Path):
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["rollout"]["temperature"] = "hot"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    probe = (
+        "import runpy, sys; sys.argv = ['rollout.py', 'r1']\n"
+        "try:\n    runpy.run_path(sys.argv[0] if False else %r, run_name='__main__')\n"
+        "except SystemExit as e:\n    print('EXIT', e.code)\n"
+        "print('LOADED', 'transformers' in sys.modules, 'torch' in sys.modules)\n"
+    ) % str(REPO / "stages" / "rollout.py")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"RLPIPE_TRACKING": "0", "PATH": "/usr/bin:/bin"})
+    assert "rollout.temperature" in out.stdout
+    assert "LOADED False False" in out.stdout

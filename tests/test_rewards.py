@@ -1,0 +1,61 @@
+"""Verifiers, step placement on tokens, and DAPO's overlong penalty (hand-computed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlpipe.rewards import place_steps, reward_metrics, token_char_ends
+from rlpipe.rewards.shaping import overlong_penalty
+from rlpipe.rewards.verifiers import Verdict, chain_steps, exact_match
+
+
+def test_exact_match():
+    verdicts = exact_match(["82", " 82 ", "83", ""], ["82"] * 4, [""] * 4)
+    assert [v.correct for v in verdicts] == [True, True, False, False]
+    assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0]
+    assert all(v.step_char_ends == [] for v in verdicts)
+
+
+def test_chain_steps_scores_each_partial_sum():
+    # "12+34+5=" expects partial sums 46, 51
+    right, first_wrong, extra, empty = chain_steps(["46,51", "45,51", "46,51,9", ""], ["51"] * 4, ["46,51"] * 4)
+    assert (right.correct, right.step_char_ends, right.step_rewards) == (True, [1, 4], [1.0, 1.0])
+    assert (first_wrong.correct, first_wrong.step_rewards) == (False, [0.0, 1.0])
+    assert (extra.correct, extra.step_char_ends, extra.step_rewards) == (False, [1, 4, 6], [1.0, 1.0, 0.0])
+    assert (empty.correct, empty.step_char_ends) == (False, [])
+
+
+@pytest.mark.parametrize(
+    "length, expected",
+    [
+        (4, 0.0),  # T <= L_max - L_cache = 8 - 3 = 5: no penalty
+        (5, 0.0),
+        (6, -1 / 3),  # ((8 - 3) - 6) / 3
+        (8, -1.0),  # ((8 - 3) - 8) / 3 = -1 at L_max
+        (9, -1.0),  # beyond L_max
+    ],
+)
+def test_overlong_penalty_regimes(length, expected):
+    assert overlong_penalty(length, max_new_tokens=8, cache_len=3) == pytest.approx(expected)
+
+
+def test_steps_land_on_tokens(tokenizer):
+    text = "46,51"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    from tokenizers import Tokenizer
+
+    core = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    assert token_char_ends(core, ids) == [1, 2, 3, 4, 5, 5]  # eos decodes to nothing
+    ends, rewards = place_steps(Verdict(1.0, True, [1, 4], [1.0, 0.5]), ids, core)
+    assert ends == [1, 5]  # the last step absorbs eos (token 5)
+    assert rewards == [1.0, 0.5]
+    # no steps: one step holding the outcome, at the last token
+    assert place_steps(Verdict(0.0, False), ids, None) == ([5], [0.0])
+
+
+def test_reward_metrics_exclude_greedy_rows():
+    columns = {"is_greedy": [False, False, True], "reward": [1.0, 0.0, 1.0], "correct": [True, False, True],
+               "overlong_penalty": [0.0, -0.5, 0.0], "step_ends": [[1], [1], [1]]}
+    m = reward_metrics(columns)
+    assert m["reward/mean"] == 0.5 and m["reward/accuracy"] == 0.5
+    assert m["reward/overlong_penalty_mean"] == -0.25 and m["reward/greedy_accuracy"] == 1.0
