@@ -177,6 +177,14 @@ def read_table(path: Path, schema: Schema) -> pa.Table:
     return table
 
 
+def read_parquet_rows(path: Path) -> list[dict]:
+    """A foreign Parquet file (e.g. a dataset) as a list of row dicts, with a clear error when unreadable."""
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises several types for truncated or foreign files
+        raise ArtifactError(f"{path}: not a readable Parquet file ({type(err).__name__}: {err})") from None
+
+
 def validate_table(table: pa.Table, schema: Schema, path: Path) -> None:
     missing = [name for name in schema.all_columns() if name not in table.column_names]
     if missing:

@@ -64,18 +64,53 @@ class RuntimeConfig(Section):
 
 # ----------------------------------------------------------------------------------------------
 class DataConfig(Section):
-    source: Literal["synthetic"] = "synthetic"
-    """Where prompts come from: the seeded synthetic generator."""
+    source: Literal["synthetic", "file", "hf"] = "synthetic"
+    """`synthetic`: the seeded generator; `file`: local JSONL/Parquet files; `hf`: `datasets.load_dataset`."""
     task: TaskName = "addition"
     """Synthetic task: `addition` ("37+45=" -> "82"), or `chain` (multi-step sums, one step per partial sum)."""
     num_train: int = Field(7000, ge=1)
-    """Training prompts generated."""
+    """Synthetic: training prompts generated."""
     num_test: int = Field(500, ge=1)
-    """Held-out prompts generated (disjoint from train)."""
+    """Synthetic: held-out prompts generated (disjoint from train)."""
     digits: int = Field(2, ge=1, le=6)
-    """Digits per operand of the synthetic tasks."""
+    """Synthetic: digits per operand."""
     chain_terms: int = Field(3, ge=2, le=8)
-    """Operands per prompt of the `chain` task."""
+    """Synthetic: operands per prompt of the `chain` task."""
+    train_file: Optional[str] = None
+    """`file`: train split, .jsonl or .parquet (relative paths are from the repo root)."""
+    test_file: Optional[str] = None
+    hf_dataset: Optional[str] = None
+    """`hf`: dataset name for `datasets.load_dataset`, e.g. openai/gsm8k."""
+    hf_config: Optional[str] = None
+    train_split: str = "train"
+    test_split: str = "test"
+    question_field: str = "question"
+    """`file`/`hf`: the column holding the problem."""
+    answer_field: str = "answer"
+    """`file`/`hf`: the column holding the reference answer (or the whole reference solution)."""
+    answer_format: Literal["raw", "gsm8k"] = "raw"
+    """`gsm8k`: the reference is a solution whose last line is `#### <answer>`; keep the answer only."""
+    max_train: Optional[int] = Field(None, ge=1)
+    """Keep only the first rows of each split (None = all)."""
+    max_test: Optional[int] = Field(None, ge=1)
+    prompt_template: str = "{question}"
+    """Plain template of the user message; `{question}` is replaced by the problem."""
+    chat_template: bool = False
+    """Wrap the message with the tokenizer's chat template (instruct models) at tokenization time."""
+    system_prompt: Optional[str] = None
+    """System message, used with chat_template."""
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "DataConfig":
+        if self.source == "file" and not (self.train_file and self.test_file):
+            raise KeyedError("data.train_file", "data.source 'file' needs data.train_file and data.test_file")
+        if self.source == "hf" and not self.hf_dataset:
+            raise KeyedError("data.hf_dataset", "data.source 'hf' needs a dataset name")
+        if "{question}" not in self.prompt_template:
+            raise KeyedError("data.prompt_template", "must contain {question}")
+        if self.system_prompt is not None and not self.chat_template:
+            raise KeyedError("data.system_prompt", "is only used with data.chat_template: true")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,7 +171,7 @@ class RolloutConfig(Section):
 
 class RewardConfig(Section):
     verifier: Literal["auto"] | VerifierName = "auto"
-    """`auto`: exact_match for `addition`, chain_steps for `chain`."""
+    """`auto`: exact_match for `addition`, chain_steps for `chain`, math (math-verify) for file/hf data."""
     overlong_cache_len: int = Field(2, ge=0)
     """L_cache of DAPO's soft overlong punishment (applied when the algorithm's overlong_shaping is on)."""
 
@@ -345,6 +380,8 @@ class Params(Section):
     def resolved_verifier(self) -> VerifierName:
         if self.reward.verifier != "auto":
             return self.reward.verifier
+        if self.data.source != "synthetic":
+            return "math"
         return "chain_steps" if self.data.task == "chain" else "exact_match"
 
     @property

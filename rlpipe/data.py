@@ -6,6 +6,8 @@ Torch-free. Each split is a `PROMPTS` table: prompt_id, prompt (text given to th
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from pathlib import Path
 
@@ -33,8 +35,75 @@ def _columns(examples: list[Example]) -> dict[str, list]:
     }
 
 
+def resolve_path(path: str) -> Path:
+    """Relative data paths are taken from the repo root (DVC_ROOT inside `dvc exp run --temp`)."""
+    candidate = Path(path)
+    if candidate.is_absolute():
+        return candidate
+    return Path(os.environ.get("DVC_ROOT") or ".") / candidate
+
+
+def read_records(path: Path) -> list[dict]:
+    """Rows of a .jsonl or .parquet file as dicts; errors name the file and the line."""
+    if not path.is_file():
+        raise artifacts.ArtifactError(f"{path}: data file not found")
+    if path.suffix == ".parquet":
+        return artifacts.read_parquet_rows(path)
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise artifacts.ArtifactError(f"{path}: line {number} is not JSON ({err})") from None
+    return records
+
+
+def gsm8k_answer(solution: str) -> str:
+    """The final answer of a GSM8K reference solution: the text after its last `####`."""
+    if "####" not in solution:
+        raise ValueError("no '####' line")
+    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def records_to_examples(records: list[dict], cfg: DataConfig, source: str) -> list[Example]:
+    examples = []
+    for row, record in enumerate(records):
+        for field in (cfg.question_field, cfg.answer_field):
+            if field not in record:
+                raise artifacts.ArtifactError(f"{source}: row {row} has no field {field!r} "
+                                              f"(data.question_field / data.answer_field; it has {sorted(record)})")
+        reference = str(record[cfg.answer_field])
+        try:
+            answer = gsm8k_answer(reference) if cfg.answer_format == "gsm8k" else reference.strip()
+        except ValueError as err:
+            raise artifacts.ArtifactError(f"{source}: row {row}, field {cfg.answer_field!r}: {err}") from None
+        prompt = cfg.prompt_template.replace("{question}", str(record[cfg.question_field]))
+        examples.append(Example(prompt=prompt, answer=answer, meta=reference))
+    return examples
+
+
+def external_splits(cfg: DataConfig) -> tuple[list[Example], list[Example]]:
+    """(train, test) from local files or a hub dataset, first `max_train` / `max_test` rows."""
+    if cfg.source == "file":
+        sources = [resolve_path(cfg.train_file), resolve_path(cfg.test_file)]
+        splits = [read_records(path) for path in sources]
+    else:
+        from datasets import load_dataset  # the `hub` extra; needs network access to the hub
+
+        splits = [list(load_dataset(cfg.hf_dataset, cfg.hf_config, split=name))
+                  for name in (cfg.train_split, cfg.test_split)]
+        sources = [f"{cfg.hf_dataset}[{name}]" for name in (cfg.train_split, cfg.test_split)]
+    limits = (cfg.max_train, cfg.max_test)
+    return tuple(records_to_examples(records[:limit], cfg, str(source))
+                 for records, limit, source in zip(splits, limits, sources))  # type: ignore[return-value]
+
+
 def prepare(cfg: DataConfig, seed: int, train_path: Path = paths.TRAIN, test_path: Path = paths.TEST) -> dict:
-    train, test = synthetic_splits(cfg, seed)
+    train, test = synthetic_splits(cfg, seed) if cfg.source == "synthetic" else external_splits(cfg)
+    for split, name in ((train, "train"), (test, "test")):
+        if not split:
+            raise artifacts.ArtifactError(f"data: the {name} split is empty")
     artifacts.write_table(train_path, _columns(train), artifacts.PROMPTS)
     artifacts.write_table(test_path, _columns(test), artifacts.PROMPTS)
     return {"train_prompts": len(train), "test_prompts": len(test)}

@@ -41,10 +41,10 @@ class Evaluator:
         from rlpipe.rollout.base import GenerationRows, SamplingSpec
         from rlpipe.rollout.hf import HFBackend
         from rlpipe.rollout.sampling import prompt_uniforms
-        from rlpipe.warmstart import encode_prompts
+        from rlpipe.prompts import encode_prompts
 
         cfg = self.params.rollout
-        prompt_ids = encode_prompts(tokenizer, self.prompts["prompt"])
+        prompt_ids = encode_prompts(tokenizer, self.prompts["prompt"], self.params.data)
         rows = [ids for ids in prompt_ids for _ in range(samples)]
         uniforms = prompt_uniforms(self.params.seed, stream, self.prompts["prompt_id"], samples, cfg.max_new_tokens)
         backend = HFBackend(model, tokenizer, cfg.batch_size)
@@ -78,7 +78,8 @@ class Evaluator:
         return out
 
 
-def evaluate(params: Params, test_path: Path, out_path: Path = paths.EVAL, curve_path: Path = paths.ROUND_CURVE) -> dict:
+def evaluate(params: Params, test_path: Path, out_path: Path = paths.EVAL, curve_path: Path = paths.ROUND_CURVE,
+             plots_dir: Path = paths.PLOTS, tracker=None) -> dict:
     from rlpipe.artifacts import atomic_write_text
     from rlpipe.models import load_policy
 
@@ -104,4 +105,9 @@ def evaluate(params: Params, test_path: Path, out_path: Path = paths.EVAL, curve
                "pass@1_gain": final["pass@1"] - init["pass@1"], "test_prompts": len(evaluator.prompts["prompt"])}
     atomic_write_text(out_path, json.dumps({**metrics, "curve": curve}, indent=2) + "\n")
     atomic_write_text(curve_path, json.dumps(curve, indent=2) + "\n")
+    from rlpipe.plots import plot_rounds
+
+    for picture in plot_rounds(curve, plots_dir):
+        if tracker is not None:
+            tracker.log_artifact(picture, "plots", to_parent=True)
     return metrics

@@ -25,6 +25,10 @@ from rlpipe.progress import bars_enabled
 from rlpipe.tracking import StageTracker
 
 STARTED = time.perf_counter()
+# transformers imports scikit-learn whenever it is installed (MLflow installs it), only for assisted
+# decoding's roc_curve, which no stage uses: 1.3 s of every torch stage's start. A None entry makes
+# importlib report it absent. Stage processes only; MLflow runs in its own worker process.
+sys.modules.setdefault("sklearn", None)
 if not bars_enabled():  # transformers' own bars (loading, saving shards) follow ours
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 

@@ -32,7 +32,9 @@ def experiment_id(client: MlflowClient, name: str, artifact_root: str) -> str:
 
 def parent_run_id(client: MlflowClient, exp_id: str, start: dict) -> str:
     found = client.search_runs(
-        [exp_id], filter_string=f"tags.`rlpipe.execution` = '{start['execution_id']}'", max_results=1
+        [exp_id],
+        filter_string=f"tags.`rlpipe.execution` = '{start['execution_id']}' and tags.`rlpipe.stage` = 'pipeline'",
+        max_results=1,
     )
     if found:
         return found[0].info.run_id
@@ -43,6 +45,11 @@ def parent_run_id(client: MlflowClient, exp_id: str, start: dict) -> str:
     for i in range(0, len(params), BATCH_PARAMS):
         client.log_batch(run.info.run_id, params=params[i : i + BATCH_PARAMS])
     return run.info.run_id
+
+
+def metric_name(name: str) -> str:
+    """MLflow names allow only letters, digits, _ - . / : and space: pass@1 is logged as pass_at_1."""
+    return name.replace("@", "_at_")
 
 
 def flush(client: MlflowClient, run_id: str, metrics: list[Metric]) -> None:
@@ -72,7 +79,8 @@ def main() -> int:
         target = parent if message.get("to_parent") else child
         if message["op"] == "metrics":
             step = message["step"] or 0
-            pending[target] += [Metric(k, v, message["time_ms"], step) for k, v in message["metrics"].items()]
+            pending[target] += [Metric(metric_name(k), v, message["time_ms"], step)
+                                for k, v in message["metrics"].items()]
         elif message["op"] == "artifact":
             client.log_artifact(target, message["path"], message.get("artifact_path"))
         elif message["op"] == "end":

@@ -163,7 +163,7 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     model.eval()
     summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows)}
     for name in steps[0] if steps else ():
-        summary[f"train_{name}_mean"] = sum(s[name] for s in steps) / len(steps)
+        summary[f"{name}_mean"] = sum(s[name] for s in steps) / len(steps)
     with artifacts.atomic_directory(out_dir) as tmp:
         save_policy(model, tokenizer, tmp, optimizer)
         (tmp / paths.TRAINER_STATE).write_text(json.dumps(

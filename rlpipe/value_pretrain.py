@@ -39,14 +39,14 @@ def sample_for_pretraining(params: Params, policy_path: Path, train_path: Path):
     from rlpipe.rollout.base import GenerationRows, SamplingSpec
     from rlpipe.rollout.hf import HFBackend
     from rlpipe.rollout.sampling import prompt_uniforms
-    from rlpipe.warmstart import encode_prompts
+    from rlpipe.prompts import encode_prompts
 
     cfg, spec, m = params.rollout, params.algorithm.resolve(), params.rollout.samples_per_prompt
     table = read_prompts(train_path)
     prompts = table.take(round_prompt_rows(table.num_rows, params.value.pretrain.prompts, params.seed,
                                            "value_pretrain")).to_pydict()
     model, tokenizer = load_policy(policy_path, params.model.dtype)
-    prompt_ids = encode_prompts(tokenizer, prompts["prompt"])
+    prompt_ids = encode_prompts(tokenizer, prompts["prompt"], params.data)
     rows = [ids for ids in prompt_ids for _ in range(m)]
     uniforms = prompt_uniforms(params.seed, "value_pretrain", prompts["prompt_id"], m, cfg.max_new_tokens)
     out = HFBackend(model, tokenizer, cfg.batch_size).generate(

@@ -12,6 +12,7 @@ import torch
 
 from rlpipe.config import WarmStartConfig
 from rlpipe.progress import progress
+from rlpipe.prompts import encode_prompts
 from rlpipe.sequences import pack, response_logprobs
 
 
@@ -19,10 +20,6 @@ def encode_targets(tokenizer, targets: list[str]) -> list[list[int]]:
     """Response token ids of each target text, eos appended."""
     encoded = tokenizer(targets, add_special_tokens=False)["input_ids"]
     return [ids + [tokenizer.eos_token_id] for ids in encoded]
-
-
-def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
-    return tokenizer(prompts)["input_ids"]
 
 
 def warm_start(model, tokenizer, prompts: list[str], targets: list[str], cfg: WarmStartConfig, seed: int) -> list[float]:

@@ -44,8 +44,8 @@ def rollout_round(params: Params, round_name: str, policy_path: Path, train_path
 
     from rlpipe.models import load_policy
     from rlpipe.rollout.base import GenerationRows, SamplingSpec
-    from rlpipe.rollout.sampling import prompt_uniforms
-    from rlpipe.warmstart import encode_prompts
+    from rlpipe.rollout.sampling import prompt_seed, prompt_uniforms
+    from rlpipe.prompts import encode_prompts
 
     cfg, algo = params.rollout, params.algorithm.resolve()
     table = read_prompts(train_path)
@@ -54,14 +54,16 @@ def rollout_round(params: Params, round_name: str, policy_path: Path, train_path
     model, tokenizer = load_policy(policy_path, params.model.dtype)
 
     per_group = cfg.samples_per_prompt + int(algo.greedy_baseline)
-    prompt_ids = encode_prompts(tokenizer, prompts["prompt"])
+    prompt_ids = encode_prompts(tokenizer, prompts["prompt"], params.data)
     row_prompt_ids = [ids for ids in prompt_ids for _ in range(per_group)]
-    uniforms = prompt_uniforms(params.seed, f"rollout@{round_name}", prompts["prompt_id"], per_group, cfg.max_new_tokens)
+    stream = f"rollout@{round_name}"
+    uniforms = prompt_uniforms(params.seed, stream, prompts["prompt_id"], per_group, cfg.max_new_tokens)
+    seeds = [prompt_seed(params.seed, stream, pid) for pid in prompts["prompt_id"] for _ in range(per_group)]
     greedy = torch.tensor([algo.greedy_baseline and k == cfg.samples_per_prompt
                            for _ in prompts["prompt_id"] for k in range(per_group)])
     backend = ROLLOUT_BACKENDS.get(cfg.backend)(model, tokenizer, cfg, str(policy_path))
     spec = SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
-    out = backend.generate(GenerationRows(row_prompt_ids, uniforms, greedy), spec, desc=f"rollout {round_name}")
+    out = backend.generate(GenerationRows(row_prompt_ids, uniforms, greedy, seeds), spec, desc=f"rollout {round_name}")
 
     def per_row(values: list) -> list:
         return [v for v in values for _ in range(per_group)]

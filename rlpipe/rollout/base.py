@@ -26,6 +26,9 @@ class GenerationRows:
     prompt_ids: list[list[int]]
     uniforms: torch.Tensor  # (R, max_new_tokens) float64 in [0, 1)
     greedy: torch.Tensor  # (R,) bool
+    prompt_seeds: list[int] | None = None
+    """Per row, the seed of its prompt (rows of one prompt share it): for engines with their own
+    sampler (vLLM), which seed one request per prompt instead of using `uniforms`."""
 
 
 @dataclass

@@ -1,0 +1,220 @@
+"""Advantage estimators of ALGORITHMS.md, vectorised over the batch (GAE loops over time only).
+
+Shapes: B responses, T padded response length, S padded step count, N groups (one group = the M
+responses of one prompt). Every estimator takes an `AdvantageBatch` and `AdvantageParams` and returns
+per-token advantages that are 0 at masked positions. Group statistics use scatter/index_add over the
+group index; std is the population std (ddof = 0) unless `std_ddof = 1`, and every division by a std
+adds eps to the denominator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlpipe.registry import Registry
+
+
+@dataclass
+class AdvantageBatch:
+    rewards: torch.Tensor  # (B,) outcome reward r_b after shaping
+    response_mask: torch.Tensor  # (B, T) bool
+    group_index: torch.Tensor  # (B,) long in [0, N)
+    kl: torch.Tensor | None = None  # (B, T) per-token KL estimate (in-reward KL), None = 0
+    values: torch.Tensor | None = None  # (B, T) V(s_t), gae only
+    baseline_rewards: torch.Tensor | None = None  # (B,) reward of the greedy sample of b's prompt (remax)
+    step_ends: torch.Tensor | None = None  # (B, S) long: index of the last token of step k
+    step_rewards: torch.Tensor | None = None  # (B, S)
+    step_mask: torch.Tensor | None = None  # (B, S) bool
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.response_mask.to(self.rewards.dtype)
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_index.max()) + 1 if self.group_index.numel() else 0
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    kl_beta: float  # beta of the KL folded into the reward (0 when the KL is not in the reward)
+    gamma: float
+    lam: float | torch.Tensor  # GAE lambda of the policy advantages: scalar or (B,) per response
+    lambda_critic: float | torch.Tensor | None  # GAE lambda of the critic's returns; None = lam
+    whiten: bool  # whiten the advantages over all valid tokens (ppo)
+    std_ddof: int
+    eps: float
+
+
+@dataclass
+class AdvantageResult:
+    advantages: torch.Tensor  # (B, T), 0 at masked positions
+    returns: torch.Tensor | None = None  # (B, T) critic targets (gae only)
+
+
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def group_mean_std(values: torch.Tensor, group_index: torch.Tensor, num_groups: int, ddof: int):
+    """Per-row mean, std and size of the row's group. values (B,) -> three (B,) tensors."""
+    ones = torch.ones_like(values)
+    count = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group_index, ones)
+    total = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group_index, values)
+    mean = total / count.clamp(min=1)
+    sq = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group_index, (values - mean[group_index]) ** 2)
+    var = sq / (count - ddof).clamp(min=1)
+    return mean[group_index], var.sqrt()[group_index], count[group_index]
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, ddof: int, eps: float) -> torch.Tensor:
+    """(x - mean) / (std + eps) over the valid tokens of the whole batch; 0 at masked positions. (B, T)."""
+    valid = x[mask]
+    if valid.numel() == 0:
+        return torch.zeros_like(x)
+    mean = valid.mean()
+    std = valid.var(correction=ddof).sqrt() if valid.numel() > ddof else valid.new_zeros(())
+    return ((x - mean) / (std + eps)) * mask
+
+
+def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """y_t = sum_{t' >= t} x_t' along the last dim. (B, T)."""
+    return x.flip(-1).cumsum(-1).flip(-1)
+
+
+def masked_kl(batch: AdvantageBatch) -> torch.Tensor:
+    return torch.zeros_like(batch.mask) if batch.kl is None else batch.kl * batch.mask
+
+
+def broadcast(per_response: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
+    """(B,) -> (B, T), the same value on every valid token."""
+    return per_response.unsqueeze(1) * batch.mask
+
+
+def adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VAPO's length-adaptive lambda: clamp(1 - 1 / (alpha T_b), 0, 1). (B,) -> (B,)."""
+    return (1 - 1 / (alpha * lengths.clamp(min=1).to(torch.float64))).clamp(0, 1)
+
+
+# --- estimators ---------------------------------------------------------------------------------
+@ADVANTAGE_ESTIMATORS.register("reinforce")
+def reinforce(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """A_bt = r_b - beta sum_t' kl_bt' (Williams 1992, KL-penalised reward)."""
+    total_kl = masked_kl(batch).sum(dim=1)
+    return AdvantageResult(broadcast(batch.rewards - hp.kl_beta * total_kl, batch))
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_kl_to_go")
+def reinforce_kl_to_go(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """A_bt = r_b - beta sum_{t' >= t} kl_bt' (the "KL trick": KL reward-to-go)."""
+    to_go = reverse_cumsum(masked_kl(batch))
+    return AdvantageResult((batch.rewards.unsqueeze(1) - hp.kl_beta * to_go) * batch.mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+def reinforce_pp(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """REINFORCE++ (Hu 2025): the KL reward-to-go advantage, whitened over all valid tokens of the batch."""
+    raw = reinforce_kl_to_go(batch, hp).advantages
+    return AdvantageResult(masked_whiten(raw, batch.response_mask, hp.std_ddof, hp.eps))
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """RLOO (Ahmadian 2024): A_b = S_b - mean of the other S in the group, S_b = r_b - beta sum_t kl_bt."""
+    score = batch.rewards - hp.kl_beta * masked_kl(batch).sum(dim=1)
+    n = batch.num_groups
+    total = torch.zeros(n, dtype=score.dtype).index_add_(0, batch.group_index, score)[batch.group_index]
+    count = torch.zeros(n, dtype=score.dtype).index_add_(0, batch.group_index, torch.ones_like(score))[batch.group_index]
+    leave_one_out = (total - score) / (count - 1).clamp(min=1)
+    advantage = torch.where(count > 1, score - leave_one_out, torch.zeros_like(score))
+    return AdvantageResult(broadcast(advantage, batch))
+
+
+@ADVANTAGE_ESTIMATORS.register("remax")
+def remax(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """ReMax (Li 2023): A_bt = r_b - r(x, y_greedy) - beta sum_{t' >= t} kl_bt'."""
+    if batch.baseline_rewards is None:
+        raise ValueError("remax needs baseline_rewards: the reward of each prompt's greedy sample")
+    to_go = reverse_cumsum(masked_kl(batch))
+    centred = (batch.rewards - batch.baseline_rewards).unsqueeze(1)
+    return AdvantageResult((centred - hp.kl_beta * to_go) * batch.mask)
+
+
+def _gae(deltas: torch.Tensor, gamma: float, lam: torch.Tensor) -> torch.Tensor:
+    """A_t = sum_{t' >= t} (gamma lambda)^(t' - t) delta_t', one backward pass over time. (B, T)."""
+    decay = (gamma * lam).reshape(-1, 1).expand(deltas.shape[0], 1)
+    out = torch.zeros_like(deltas)
+    running = torch.zeros_like(deltas[:, 0:1])
+    for t in range(deltas.shape[1] - 1, -1, -1):
+        running = deltas[:, t : t + 1] + decay * running
+        out[:, t : t + 1] = running
+    return out
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+def gae(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """GAE (Schulman 2016) with a per-response lambda and a separate lambda for the critic target.
+
+    delta_t = 1[t = T_b - 1] r_b - beta kl_t + gamma V_{t+1} - V_t, with V_{T_b} = 0;
+    A = GAE(lam), returns = GAE(lambda_critic) + V (decoupled GAE, VAPO).
+    """
+    if batch.values is None:
+        raise ValueError("gae needs values: the critic's V(s_t) on the batch")
+    mask = batch.mask
+    values = batch.values * mask
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
+    last = (batch.response_mask.sum(dim=1) - 1).clamp(min=0)
+    terminal = torch.zeros_like(mask).scatter_(1, last.unsqueeze(1), 1.0) * mask
+    deltas = (terminal * batch.rewards.unsqueeze(1) - hp.kl_beta * masked_kl(batch)
+              + hp.gamma * next_values - values) * mask
+    lam = torch.as_tensor(hp.lam, dtype=mask.dtype)
+    advantages = _gae(deltas, hp.gamma, lam) * mask
+    critic_lam = lam if hp.lambda_critic is None else torch.as_tensor(hp.lambda_critic, dtype=mask.dtype)
+    same = critic_lam.shape == lam.shape and torch.equal(critic_lam, lam)
+    critic_advantages = advantages if same else _gae(deltas, hp.gamma, critic_lam) * mask
+    return AdvantageResult(advantages, (critic_advantages + values) * mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("group_norm")
+def group_norm(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """GRPO (Shao 2024): (r_b - mean(R_g)) / (std(R_g) + eps); a group of one gets 0."""
+    mean, std, count = group_mean_std(batch.rewards, batch.group_index, batch.num_groups, hp.std_ddof)
+    advantage = torch.where(count > 1, (batch.rewards - mean) / (std + hp.eps), torch.zeros_like(mean))
+    return AdvantageResult(broadcast(advantage, batch))
+
+
+@ADVANTAGE_ESTIMATORS.register("group_mean")
+def group_mean(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """Dr. GRPO (Liu 2025): r_b - mean(R_g), no std."""
+    mean, _, count = group_mean_std(batch.rewards, batch.group_index, batch.num_groups, hp.std_ddof)
+    advantage = torch.where(count > 1, batch.rewards - mean, torch.zeros_like(mean))
+    return AdvantageResult(broadcast(advantage, batch))
+
+
+@ADVANTAGE_ESTIMATORS.register("group_process")
+def group_process(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """GRPO with process supervision (Shao 2024, 4.1.3): the step rewards of a group's responses are
+    pooled and normalised by their mean/std; A_t = sum of the normalised rewards of the steps ending at
+    or after t."""
+    if batch.step_ends is None or batch.step_rewards is None:
+        raise ValueError("group_process needs step_ends and step_rewards")
+    step_mask = torch.ones_like(batch.step_ends, dtype=torch.bool) if batch.step_mask is None else batch.step_mask
+    rho = batch.step_rewards.to(batch.rewards.dtype)
+    step_group = batch.group_index.unsqueeze(1).expand_as(batch.step_ends)[step_mask]
+    pooled = rho[step_mask]
+    mean, std, _ = group_mean_std(pooled, step_group, batch.num_groups, hp.std_ddof)
+    normalised = torch.zeros_like(rho)
+    normalised[step_mask] = (pooled - mean) / (std + hp.eps)
+    at_step_end = torch.zeros_like(batch.mask).scatter_add_(1, batch.step_ends.clamp(min=0), normalised * step_mask)
+    return AdvantageResult(reverse_cumsum(at_step_end) * batch.mask)
+
+
+def compute_advantages(name: str, batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
+    """The named estimator, then whitening of the advantages when asked (returns stay unwhitened)."""
+    result = ADVANTAGE_ESTIMATORS.get(name)(batch, hp)
+    if hp.whiten:
+        result = AdvantageResult(masked_whiten(result.advantages, batch.response_mask, hp.std_ddof, hp.eps),
+                                 result.returns)
+    return result
