@@ -111,6 +111,10 @@ def fsync_path(path: Path) -> None:
 
 
 def _temp_sibling(path: Path) -> Path:
+    """A fresh temporary beside `path` (same filesystem, so the final rename is atomic). Temporaries a
+    killed writer left behind are removed first; .dvcignore keeps them out of DVC's hashes meanwhile."""
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
@@ -134,7 +138,6 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     """Yield a temporary directory to fill; on success it replaces `path` whole, on error it vanishes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(path)
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp

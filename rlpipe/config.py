@@ -163,7 +163,7 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     """0 = off."""
-    batch_size: int = Field(4096, ge=1)
+    batch_size: int = Field(2048, ge=1)
     """Sequences per generate call."""
     recompute_old_logprobs: Literal["auto", "always", "never"] = "auto"
     """`auto` recomputes pi_old with the trainer whenever the rollout engine is not the trainer's (vllm)."""

@@ -68,6 +68,16 @@ class _Timer:
         self.sink[self.label] = self.sink.get(self.label, 0.0) + time.perf_counter() - self.started
 
 
+def process_age() -> float:
+    """Seconds since this process started (interpreter start-up included), from /proc."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - STARTED
+
+
 def metrics_file(name: str, round_name: str | None):
     return paths.round_metrics_path(round_name, name) if round_name else paths.METRICS / f"{name}.json"
 
@@ -92,12 +102,15 @@ def run_stage(name: str, body: Callable[[StageContext], dict], with_round: bool 
     try:
         with ctx.timed("work_seconds"):
             metrics = body(ctx) or {}
-        metrics = {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()},
-                   "stage/wall_seconds": time.perf_counter() - STARTED}
-        atomic_write_text(metrics_file(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        metrics = {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()}}
         tracker.log_round_metrics(metrics) if round_name else tracker.log_metrics(metrics)
         failed = False
     except PipelineError as err:
         sys.exit(f"{label}: {err}")
     finally:
+        waited = time.perf_counter()
         tracker.close(failed)
+        waited = time.perf_counter() - waited
+    # Written last, so that it holds the whole process time: start-up, work, and the wait for MLflow.
+    metrics.update({"stage/tracking_wait_seconds": waited, "stage/process_seconds": process_age()})
+    atomic_write_text(metrics_file(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
