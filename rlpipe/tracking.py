@@ -1,10 +1,10 @@
 """Tracking: one MLflow parent run per pipeline execution, one child run per stage execution.
 
-MLflow costs about 2-4 s to import and open its store, in every stage process. So the stage never
-imports it: `StageTracker` starts `rlpipe.tracking_worker` as a side process at stage start, which
-imports MLflow and opens the runs on the other core while the stage imports torch and works, and
-streams it JSON lines (metrics are batched and sent with `log_batch` at the end). The stage waits for
-the worker before it exits, so what a finished stage logged is in the store.
+MLflow costs 2-3 s of CPU to import and open its store, and every stage is a process. So stages never
+import it: `StageTracker` streams JSON lines over a Unix socket to `rlpipe.tracking_daemon`, one daemon
+per pipeline execution, started by the execution's first stage (it imports MLflow while that stage
+works) and reused by every later one. Metrics are buffered and written with `log_batch` when the stage
+ends; the stage waits for the daemon's `ok`, so what a finished stage logged is in the store.
 
 - Store: `MLFLOW_TRACKING_URI`, else sqlite `mlflow.db` at the DVC root (DVC_ROOT points at the real
   repo even inside `dvc exp run --temp`), artifacts in `mlruns/` beside it. MLflow 3 refuses a file store.
@@ -19,15 +19,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from rlpipe.config import Params
 
-WORKER_TIMEOUT_S = 120
+ACK_TIMEOUT_S = 120
+CONNECT_TIMEOUT_S = 30
 
 
 def tracking_uri(root: Path) -> str:
@@ -95,22 +98,65 @@ def git_commit(root: Path) -> str:
         return "unknown"
 
 
+def owner_pid(execution: str) -> int | None:
+    """The pid of the execution's dvc process, or None for a stage run by hand."""
+    kind, _, rest = execution.partition(":")
+    return int(rest.split(":")[0]) if kind == "dvc" else None
+
+
+def daemon_address(uri: str, execution: str) -> str:
+    """A Linux abstract socket name (no file, no path-length limit) per store and execution."""
+    digest = hashlib.sha256(f"{uri}|{execution}".encode()).hexdigest()[:24]
+    if sys.platform.startswith("linux"):
+        return f"@rlpipe-tracking-{digest}"
+    return str(Path(tempfile.gettempdir()) / f"rlpipe-tracking-{digest}.sock")
+
+
+def _connect(address: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect("\0" + address[1:] if address.startswith("@") else address)
+    return sock
+
+
+def connect_daemon(address: str, uri: str, owner: int | None, log_path: Path) -> socket.socket:
+    """Connect to the execution's daemon, starting it first if none listens yet."""
+    try:
+        return _connect(address)
+    except OSError:
+        pass
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        subprocess.Popen([sys.executable, "-m", "rlpipe.tracking_daemon", address, uri, str(owner or "-")],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            return _connect(address)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class StageTracker:
-    """Streams one stage execution's params, metrics and artifacts to the MLflow worker."""
+    """Streams one stage execution's metrics and artifacts to the execution's tracking daemon."""
 
     def __init__(self, params: Params, stage: str, round_name: str | None):
         self.stage, self.round_name = stage, round_name
         self.enabled = params.tracking.enabled and os.environ.get("RLPIPE_TRACKING", "1") != "0"
-        self._worker: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
         if not self.enabled:
             return
         root = repo_root()
+        execution = execution_id()
+        uri = tracking_uri(root)
+        self.log_path = (root / ".dvc" / "tmp" if (root / ".dvc").is_dir() else Path(tempfile.gettempdir())) \
+            / "rlpipe-tracking.log"
         start = {
             "op": "start",
-            "tracking_uri": tracking_uri(root),
             "artifact_root": (root / "mlruns").resolve().as_uri(),
             "experiment": params.tracking.experiment,
-            "execution_id": execution_id(),
+            "execution_id": execution,
             "run_name": stage,
             "parent_name": os.environ.get("DVC_EXP_NAME") or f"repro {time.strftime('%Y-%m-%d %H:%M:%S')}",
             "params": {k: json.dumps(v) if not isinstance(v, str) else v
@@ -124,20 +170,25 @@ class StageTracker:
                 "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
             },
         }
-        self._worker = subprocess.Popen(
-            [sys.executable, "-m", "rlpipe.tracking_worker"], stdin=subprocess.PIPE, text=True, cwd=root
-        )
+        try:
+            self._sock = connect_daemon(daemon_address(uri, execution), uri, owner_pid(execution), self.log_path)
+        except OSError as err:
+            self._warn(f"could not reach the MLflow tracking daemon ({err})")
+            return
         self._send(start)
 
+    def _warn(self, what: str) -> None:
+        print(f"rlpipe: {what}; metrics stay in runs/metrics (log: {self.log_path})", file=sys.stderr)
+
     def _send(self, message: dict) -> None:
-        if self._worker is None or self._worker.stdin is None:
+        if self._sock is None:
             return
         message["time_ms"] = int(time.time() * 1000)
         try:
-            self._worker.stdin.write(json.dumps(message) + "\n")
-        except BrokenPipeError:
-            print("rlpipe: the MLflow tracking worker exited early; metrics stay in runs/metrics", file=sys.stderr)
-            self._worker = None
+            self._sock.sendall((json.dumps(message) + "\n").encode())
+        except OSError as err:
+            self._warn(f"the MLflow tracking daemon went away ({err})")
+            self._sock = None
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None, to_parent: bool = False) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
@@ -156,16 +207,19 @@ class StageTracker:
                     "to_parent": to_parent})
 
     def close(self, failed: bool) -> None:
-        if self._worker is None:
+        """Send `end` and wait until the daemon has written this stage's run."""
+        if self._sock is None:
             return
         self._send({"op": "end", "status": "FAILED" if failed else "FINISHED"})
+        if self._sock is None:
+            return
         try:
-            self._worker.stdin.close()
-            self._worker.wait(timeout=WORKER_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self._worker.kill()
-            print(f"rlpipe: the MLflow worker did not finish in {WORKER_TIMEOUT_S} s; killed it", file=sys.stderr)
-        if self._worker.returncode not in (0, None):
-            print(f"rlpipe: the MLflow worker failed (exit {self._worker.returncode}); see its message above",
-                  file=sys.stderr)
-        self._worker = None
+            self._sock.settimeout(ACK_TIMEOUT_S)
+            reply = self._sock.makefile("r").readline()
+            if not reply.startswith("ok"):
+                self._warn("the MLflow tracking daemon did not confirm this stage's run")
+        except OSError as err:
+            self._warn(f"no answer from the MLflow tracking daemon ({err})")
+        finally:
+            self._sock.close()
+            self._sock = None
