@@ -26,7 +26,7 @@ def write_no_critic_marker(out_dir: Path, preset: str) -> dict:
 
 def load_critic(path: str | Path, dtype: str = "float32", from_policy: bool = False):
     """(critic, tokenizer). With `from_policy`, a fresh value head on the policy's backbone."""
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
     from rlpipe.models import torch_dtype
 
@@ -34,8 +34,10 @@ def load_critic(path: str | Path, dtype: str = "float32", from_policy: bool = Fa
     if (Path(path) / paths.NO_CRITIC_MARKER).is_file():
         raise FileNotFoundError(f"{path}: holds no critic (it was written for a critic-free preset); "
                                 f"rerun value_pretrain for a preset with a critic")
-    extra = {"num_labels": 1, "classifier_dropout": 0.0} if from_policy else {}
-    critic = AutoModelForTokenClassification.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
+    config = AutoConfig.from_pretrained(path)
+    if from_policy:  # one scalar head; no dropout on it (the generic head defaults to 0.1)
+        config.num_labels, config.classifier_dropout = 1, 0.0
+    critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch_dtype(dtype))
     critic.eval()
     return critic, AutoTokenizer.from_pretrained(path)
 

@@ -1,0 +1,150 @@
+"""One round of every preset, in process, on the miniature task: rollout -> reward -> advantage -> update.
+
+Checks what lives outside the loss: the greedy ReMax baseline, dynamic sampling, the critic path, the
+optimizer state carried into the next round, and that critic-free presets never load a value model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from conftest import REPO
+from rlpipe import artifacts, paths
+from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import params_from_dict
+
+MINI = yaml.safe_load((REPO / "tests" / "params_mini.yaml").read_text())
+
+
+def mini_params(**overrides):
+    raw = json.loads(json.dumps(MINI))
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".", 1)
+        raw[section][key] = value
+    raw["tracking"]["enabled"] = False
+    return params_from_dict(raw)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Prepared data and an initial tiny policy, shared by every preset's round."""
+    import os
+
+    from rlpipe.data import prepare
+    from rlpipe.policy_init import init_policy
+
+    root = tmp_path_factory.mktemp("rounds")
+    params = mini_params()
+    torch.manual_seed(0)
+    prepare(params.data, params.seed, root / paths.TRAIN, root / paths.TEST)
+    init_policy(params, root / paths.TRAIN, root / paths.policy_dir("r0"))
+    old = os.getcwd()
+    yield root
+    os.chdir(old)
+
+
+def run_round(root: Path, params, monkeypatch) -> Path:
+    """Run round r1 of `params` in a fresh copy of the workspace; returns that copy."""
+    import shutil
+
+    from rlpipe.advantage import build_batch
+    from rlpipe.rewards import score_rollouts
+    from rlpipe.rollout import rollout_round
+    from rlpipe.training import update_policy
+    from rlpipe.value_model import update_critic, write_no_critic_marker
+    from rlpipe.value_pretrain import pretrain_critic
+
+    work = root / params.algorithm.preset
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(root / "runs", work / "runs")
+    monkeypatch.chdir(work)
+    if params.algorithm.resolve().needs_critic:
+        pretrain_critic(params, paths.policy_dir("r0"), paths.TRAIN, paths.critic_dir("r0"))
+    else:
+        write_no_critic_marker(paths.critic_dir("r0"), params.algorithm.preset)
+    rollout_round(params, "r1", paths.policy_dir("r0"), paths.TRAIN, paths.rollouts_path("r1"))
+    score_rollouts(params, paths.rollouts_path("r1"), paths.policy_dir("r0") / "tokenizer.json", paths.rewards_path("r1"))
+    build_batch(params, "r1", paths.rewards_path("r1"), paths.policy_dir("r0"), paths.policy_dir("r0"),
+                paths.critic_dir("r0"), paths.batch_path("r1"))
+    update_policy(params, "r1", paths.batch_path("r1"), paths.policy_dir("r0"), paths.policy_dir("r1"))
+    update_critic(params, "r1", paths.batch_path("r1"), paths.critic_dir("r0"), paths.critic_dir("r1"))
+    return work
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_one_round_of_every_preset(workspace, monkeypatch, preset):
+    params = mini_params(**{"algorithm.preset": preset})
+    work = run_round(workspace, params, monkeypatch)
+    batch = artifacts.read_table(work / paths.batch_path("r1"), artifacts.BATCH).to_pydict()
+    spec = params.algorithm.resolve()
+    kept = [i for i, k in enumerate(batch["kept"]) if k]
+    assert kept, "no group kept"
+    assert all(len(batch["advantages"][i]) == len(batch["response_ids"][i]) for i in kept)
+    assert (work / paths.policy_dir("r1") / "optimizer.pt").is_file()
+    state = json.loads((work / paths.policy_dir("r1") / paths.TRAINER_STATE).read_text())
+    assert state["global_step"] >= 1
+    critic_marker = (work / paths.critic_dir("r1") / paths.NO_CRITIC_MARKER).is_file()
+    assert critic_marker == (not spec.needs_critic)
+    if spec.needs_critic:
+        assert all(len(batch["values"][i]) == len(batch["response_ids"][i]) for i in kept)
+        assert all(len(batch["returns"][i]) == len(batch["response_ids"][i]) for i in kept)
+
+
+def test_remax_greedy_sample_is_the_baseline_and_not_trained_on(workspace, monkeypatch):
+    params = mini_params(**{"algorithm.preset": "remax", "algorithm.kl_beta": 0.0})
+    work = run_round(workspace, params, monkeypatch)
+    batch = pq.read_table(work / paths.batch_path("r1")).to_pydict()
+    m = params.rollout.samples_per_prompt
+    for group in set(batch["group"]):
+        rows = [i for i, g in enumerate(batch["group"]) if g == group]
+        greedy = [i for i in rows if batch["is_greedy"][i]]
+        assert len(greedy) == 1 and len(rows) == m + 1
+        assert not batch["kept"][greedy[0]]  # never in the update
+        baseline = batch["shaped_reward"][greedy[0]]
+        for i in rows:
+            if not batch["is_greedy"][i]:
+                # beta = 0: every token's advantage is r - r(greedy)
+                assert batch["advantages"][i] == pytest.approx([batch["shaped_reward"][i] - baseline] * len(batch["advantages"][i]))
+
+
+def test_dynamic_sampling_keeps_exactly_the_groups_with_signal(workspace, monkeypatch):
+    params = mini_params(**{"algorithm.preset": "dapo", "rollout.oversample": 2.0})
+    work = run_round(workspace, params, monkeypatch)
+    batch = pq.read_table(work / paths.batch_path("r1")).to_pydict()
+    groups = sorted(set(batch["group"]))
+    assert len(groups) == 2 * params.rollout.prompts_per_round  # over-sampled
+    informative = [g for g in groups if len({batch["correct"][i] for i, x in enumerate(batch["group"]) if x == g}) > 1]
+    kept_groups = sorted({batch["group"][i] for i, k in enumerate(batch["kept"]) if k})
+    assert kept_groups == informative[: params.rollout.prompts_per_round]
+    for i, group in enumerate(batch["group"]):
+        if group not in kept_groups:
+            assert not batch["kept"][i] and set(batch["advantages"][i]) <= {0.0}
+
+
+def test_critic_free_presets_never_load_a_value_model(workspace, monkeypatch):
+    import rlpipe.value_model as value_model
+
+    loads = []
+    real = value_model.load_critic
+
+    def counting(*args, **kwargs):
+        loads.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(value_model, "load_critic", counting)
+    import rlpipe.critic_training as critic_training
+    import rlpipe.value_pretrain as value_pretrain
+
+    monkeypatch.setattr(critic_training, "load_critic", counting)
+    monkeypatch.setattr(value_pretrain, "load_critic", counting)
+    for preset in ("grpo", "rloo", "dapo"):
+        run_round(workspace, mini_params(**{"algorithm.preset": preset}), monkeypatch)
+    assert loads == []
+    run_round(workspace, mini_params(**{"algorithm.preset": "ppo"}), monkeypatch)
+    assert len(loads) >= 3  # pretraining, values in advantage, the critic update
