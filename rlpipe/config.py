@@ -289,6 +289,13 @@ class UpdateConfig(Section):
     adam_beta2: float = Field(0.999, ge=0, lt=1)
     shuffle: bool = True
     """Shuffle groups into minibatches (seeded)."""
+    nproc: int = Field(1, ge=1)
+    """Processes of the update under torchrun (gloo on CPU, nccl on GPU); groups are dealt to ranks whole."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """Data parallelism across the nproc processes: DDP (replicated) or FSDP2 (`fully_shard`, sharded)."""
+    bf16: bool = False
+    """bf16 autocast of the forward passes (GPU)."""
+    gradient_checkpointing: bool = False
 
 
 class ValueModelConfig(Section):
@@ -297,7 +304,7 @@ class ValueModelConfig(Section):
 
 
 class ValuePretrainConfig(Section):
-    max_steps: int = Field(200, ge=0)
+    max_steps: int = Field(100, ge=0)
     min_explained_variance: float = Field(0.5, le=1)
     prompts: int = Field(512, ge=1)
 

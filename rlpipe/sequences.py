@@ -25,6 +25,10 @@ class PackedBatch:
     def prompt_width(self) -> int:
         return self.input_ids.shape[1] - self.response_ids.shape[1]
 
+    def to(self, device) -> "PackedBatch":
+        return PackedBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
+                                                    self.response_ids, self.response_mask)))
+
 
 def pad_ragged(rows: Sequence[Sequence[int]], pad: float, dtype, left: bool = False, width: int | None = None):
     """(B, width) tensor of ragged rows, padded right (or left); and the (B, width) bool mask."""

@@ -11,7 +11,9 @@ checkpoint is written.
 from __future__ import annotations
 
 import json
+import math
 import random
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,9 @@ from pathlib import Path
 import torch
 
 from rlpipe import artifacts, paths
+from rlpipe.algorithms.aggregation import LossCounts
 from rlpipe.config import Params, UpdateConfig
+from rlpipe.distributed import World, no_sync, unwrap, wrap_model
 from rlpipe.errors import PipelineError
 from rlpipe.progress import progress
 from rlpipe.sequences import pack, pad_ragged, response_logprobs, token_budget_chunks
@@ -75,48 +79,72 @@ def make_optimizer(model, cfg: UpdateConfig, state_path: Path | None = None):
     return optimizer
 
 
-def minibatches(groups: list[int], rows_of: dict[int, list[int]], cfg: UpdateConfig, seed: int, round_name: str):
-    """Per epoch, the groups (shuffled when configured) in chunks of `minibatch_prompts`."""
+def minibatches(groups: list[int], cfg: UpdateConfig, seed: int, round_name: str):
+    """Per epoch, the groups (shuffled when configured, the same order on every rank) in chunks of
+    `minibatch_prompts`."""
     rng = random.Random(f"{seed}:update:{round_name}")
     for _ in range(cfg.epochs):
         order = list(groups)
         if cfg.shuffle:
             rng.shuffle(order)
         for start in range(0, len(order), cfg.minibatch_prompts):
-            yield [row for g in order[start : start + cfg.minibatch_prompts] for row in rows_of[g]]
+            yield order[start : start + cfg.minibatch_prompts]
 
 
-def train_step(model, optimizer, mb: Minibatch, params: Params, pad_id: int, step_label: str) -> dict[str, float]:
-    """One optimizer step over one minibatch, micro-batched; returns the step's metrics."""
+def _autocast(params: Params, device: str):
+    import contextlib
+
+    if params.update.bf16 and device != "cpu":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(model, optimizer, mb: Minibatch | None, params: Params, pad_id: int, step_label: str,
+               world: World = World()) -> dict[str, float]:
+    """One optimizer step over this rank's share of one minibatch, micro-batched; returns the step's
+    metrics (summed over ranks: they are normalised by the whole minibatch's counts)."""
     from rlpipe.algorithms.build import minibatch_loss_setup, policy_loss
 
     spec, cfg = params.algorithm.resolve(), params.update
-    setup = minibatch_loss_setup(spec, response_mask=mb.response_mask, group_index=mb.group_index,
-                                 correct=mb.correct, truncated=mb.truncated,
-                                 max_new_tokens=params.rollout.max_new_tokens)
-    width = mb.response_mask.shape[1]
     totals: dict[str, float] = {}
     optimizer.zero_grad(set_to_none=True)
-    chunks = token_budget_chunks([len(p) + width for p in mb.prompt_ids], cfg.micro_batch_tokens)
-    for k, rows in enumerate(chunks):
-        batch = pack(mb.prompt_ids[rows], mb.response_ids[rows], pad_id, response_width=width)
-        logp, entropy = response_logprobs(model, batch, params.rollout.temperature, with_entropy=True)
-        loss, metrics = policy_loss(
-            spec, logp=logp, old_logp=mb.old_logp[rows], advantages=mb.advantages[rows], setup=setup.rows(rows),
-            ref_logp=None if mb.ref_logp is None else mb.ref_logp[rows], entropy=entropy,
-        )
-        if not torch.isfinite(loss):
-            raise NonFiniteError(f"{step_label}, micro-batch {k} (rows {rows.start}-{rows.stop - 1}): loss is {loss.item()}")
-        loss.backward()
-        for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + float(value)
-        totals["loss"] = totals.get("loss", 0.0) + loss.item()
+    if mb is None:  # more ranks than groups at the tail of an epoch: join the all-reduce with zeros
+        chunks, setup = [], None
+        world.all_reduce_counts(LossCounts(0, 0, 0, 0))
+        with no_sync(model, last=True):
+            (sum(p.sum() for p in model.parameters()) * 0.0).backward()
+    else:
+        setup = minibatch_loss_setup(spec, response_mask=mb.response_mask, group_index=mb.group_index,
+                                     correct=mb.correct, truncated=mb.truncated,
+                                     max_new_tokens=params.rollout.max_new_tokens, reduce_counts=world.all_reduce_counts)
+        width = mb.response_mask.shape[1]
+        chunks = token_budget_chunks([len(p) + width for p in mb.prompt_ids], cfg.micro_batch_tokens)
+        for k, rows in enumerate(chunks):
+            batch = pack(mb.prompt_ids[rows], mb.response_ids[rows], pad_id, response_width=width).to(world.device)
+            with no_sync(model, last=k == len(chunks) - 1), _autocast(params, world.device):
+                logp, entropy = response_logprobs(model, batch, params.rollout.temperature, with_entropy=True)
+                loss, metrics = policy_loss(
+                    spec, logp=logp, old_logp=mb.old_logp[rows].to(world.device),
+                    advantages=mb.advantages[rows].to(world.device), setup=setup.rows(rows).to(world.device),
+                    ref_logp=None if mb.ref_logp is None else mb.ref_logp[rows].to(world.device), entropy=entropy,
+                )
+                if not torch.isfinite(loss):
+                    raise NonFiniteError(f"{step_label}, rank {world.rank}, micro-batch {k} "
+                                         f"(rows {rows.start}-{rows.stop - 1}): loss is {loss.item()}")
+                # DDP averages gradients over ranks; the weights already use global counts, so scale back
+                (loss * world.size).backward()
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+            totals["loss"] = totals.get("loss", 0.0) + loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    if not torch.isfinite(grad_norm):
-        raise NonFiniteError(f"{step_label}: gradient norm is {grad_norm.item()} after {len(chunks)} micro-batches")
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    if not math.isfinite(grad_norm):
+        raise NonFiniteError(f"{step_label}: gradient norm is {grad_norm} after {len(chunks)} micro-batches "
+                             f"(rank {world.rank})")
     optimizer.step()
-    totals.update({"grad_norm": grad_norm.item(), "micro_batches": len(chunks),
-                   "tokens": int(setup.counts.tokens)})
+    totals = world.sum_metrics(totals)
+    totals.update({"grad_norm": grad_norm, "micro_batches": len(chunks),
+                   "tokens": int(setup.counts.tokens) if setup is not None else 0})
     return totals
 
 
@@ -133,12 +161,17 @@ def round_summary(columns: artifacts.Columns) -> dict[str, float]:
 
 
 def update_policy(params: Params, round_name: str, batch_path: Path, policy_path: Path, out_dir: Path,
-                  tracker=None) -> dict:
+                  tracker=None, world: World = World()) -> dict:
+    """Train on the round's kept groups; rank 0 writes the checkpoint. Returns the round's metrics and,
+    under `step_metrics`, each optimizer step's (for a caller that logs them, e.g. the torchrun parent)."""
     from rlpipe.models import OPTIMIZER_FILE, load_policy, save_policy
 
     columns = artifacts.Columns.of(artifacts.read_table(batch_path, artifacts.BATCH))
     rows = [i for i, kept in enumerate(columns["kept"]) if kept]
     model, tokenizer = load_policy(policy_path, params.model.dtype)
+    if params.update.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model = wrap_model(model.to(world.device), params.update.strategy, world)
     optimizer = make_optimizer(model, params.update, policy_path / OPTIMIZER_FILE)
     state = json.loads((policy_path / paths.TRAINER_STATE).read_text())
     global_step, steps = state["global_step"], []
@@ -149,23 +182,32 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
         warnings.warn(f"update@{round_name}: no kept groups in {batch_path}; the policy is carried over unchanged")
     model.train()
     n_steps = params.update.epochs * -(-len(rows_of) // params.update.minibatch_prompts)
+    started, trained_tokens = time.perf_counter(), 0
     with progress(total=n_steps, desc=f"update {round_name}", unit="step") as bar:
-        for mb_rows in minibatches(list(rows_of), rows_of, params.update, params.seed, round_name):
+        for mb_groups in minibatches(list(rows_of), params.update, params.seed, round_name):
             global_step += 1
-            metrics = train_step(model, optimizer, Minibatch.of(columns, mb_rows), params, tokenizer.pad_token_id,
-                                 f"update@{round_name} step {global_step}")
-            steps.append(metrics)
+            mine = [row for g in world.shard(mb_groups) for row in rows_of[g]]
+            metrics = train_step(model, optimizer, Minibatch.of(columns, mine) if mine else None, params,
+                                 tokenizer.pad_token_id, f"update@{round_name} step {global_step}", world)
+            trained_tokens += metrics["tokens"]
+            steps.append({"step": global_step, **metrics})
             if tracker is not None:
                 tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=global_step)
                 tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=global_step, to_parent=True)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.4f}")
     model.eval()
-    summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows)}
+    seconds = time.perf_counter() - started
+    summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows),
+               "train_tokens_per_s": trained_tokens / max(seconds, 1e-9)}
     for name in steps[0] if steps else ():
-        summary[f"{name}_mean"] = sum(s[name] for s in steps) / len(steps)
-    with artifacts.atomic_directory(out_dir) as tmp:
-        save_policy(model, tokenizer, tmp, optimizer)
-        (tmp / paths.TRAINER_STATE).write_text(json.dumps(
-            {"round": round_name, "global_step": global_step, "summary": summary}, indent=2) + "\n")
-    return {f"update/{k}": v for k, v in summary.items()}
+        if name != "step":
+            summary[f"{name}_mean"] = sum(s[name] for s in steps) / len(steps)
+    model = unwrap(model)
+    if world.is_main:
+        with artifacts.atomic_directory(out_dir) as tmp:
+            save_policy(model, tokenizer, tmp, optimizer)
+            (tmp / paths.TRAINER_STATE).write_text(json.dumps(
+                {"round": round_name, "global_step": global_step, "summary": summary}, indent=2) + "\n")
+    world.barrier()
+    return {**{f"update/{k}": v for k, v in summary.items()}, "step_metrics": steps}

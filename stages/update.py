@@ -2,24 +2,18 @@
 
 Reads params `seed`, `update`, `algorithm`, `value`, `rollout`, `model.dtype`,
 runs/rounds/rK/batch.parquet, runs/policy/r(K-1) (weights + optimizer state) and runs/critic/r(K-1).
-Writes runs/policy/rK/, runs/critic/rK/ and runs/metrics/update_rK.json.
+Writes runs/policy/rK/, runs/critic/rK/ and runs/metrics/update_rK.json. With update.nproc > 1 the
+policy update runs under torchrun (rlpipe/distributed_update.py).
 """
 
-from rlpipe import paths
 from rlpipe.stage import run_stage
 
 
 def update(ctx):
-    from rlpipe.training import update_policy
-    from rlpipe.value_model import update_critic
+    from rlpipe.distributed_update import run_update
 
     ctx.init_torch()
-    name, prev = ctx.round_name, ctx.params.rounds[ctx.round_name].prev
-    metrics = update_policy(ctx.params, name, paths.batch_path(name), paths.policy_dir(prev),
-                            paths.policy_dir(name), ctx.tracker)
-    metrics.update(update_critic(ctx.params, name, paths.batch_path(name), paths.critic_dir(prev),
-                                 paths.critic_dir(name)))
-    return metrics
+    return run_update(ctx.params, ctx.round_name, ctx.tracker)
 
 
 if __name__ == "__main__":

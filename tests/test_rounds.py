@@ -56,8 +56,8 @@ def run_round(root: Path, params, monkeypatch) -> Path:
     from rlpipe.advantage import build_batch
     from rlpipe.rewards import score_rollouts
     from rlpipe.rollout import rollout_round
-    from rlpipe.training import update_policy
-    from rlpipe.value_model import update_critic, write_no_critic_marker
+    from rlpipe.distributed_update import run_update
+    from rlpipe.value_model import write_no_critic_marker
     from rlpipe.value_pretrain import pretrain_critic
 
     work = root / params.algorithm.preset
@@ -72,8 +72,7 @@ def run_round(root: Path, params, monkeypatch) -> Path:
     score_rollouts(params, paths.rollouts_path("r1"), paths.policy_dir("r0") / "tokenizer.json", paths.rewards_path("r1"))
     build_batch(params, "r1", paths.rewards_path("r1"), paths.policy_dir("r0"), paths.policy_dir("r0"),
                 paths.critic_dir("r0"), paths.batch_path("r1"))
-    update_policy(params, "r1", paths.batch_path("r1"), paths.policy_dir("r0"), paths.policy_dir("r1"))
-    update_critic(params, "r1", paths.batch_path("r1"), paths.critic_dir("r0"), paths.critic_dir("r1"))
+    run_update(params, "r1")
     return work
 
 

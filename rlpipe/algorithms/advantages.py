@@ -18,6 +18,8 @@ from rlpipe.registry import Registry
 
 @dataclass
 class AdvantageBatch:
+    """The tensors of one round's kept responses; only what the chosen estimator needs must be set."""
+
     rewards: torch.Tensor  # (B,) outcome reward r_b after shaping
     response_mask: torch.Tensor  # (B, T) bool
     group_index: torch.Tensor  # (B,) long in [0, N)
@@ -39,10 +41,12 @@ class AdvantageBatch:
 
 @dataclass(frozen=True)
 class AdvantageParams:
+    """Plain-number hyperparameters of the estimators; every field is required (no hidden defaults)."""
+
     kl_beta: float  # beta of the KL folded into the reward (0 when the KL is not in the reward)
     gamma: float
     lam: float | torch.Tensor  # GAE lambda of the policy advantages: scalar or (B,) per response
-    lambda_critic: float | torch.Tensor | None  # GAE lambda of the critic's returns; None = lam
+    lambda_critic: float | torch.Tensor  # GAE lambda of the critic's returns (decoupled GAE): scalar or (B,)
     whiten: bool  # whiten the advantages over all valid tokens (ppo)
     std_ddof: int
     eps: float
@@ -60,13 +64,22 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 # --- helpers ------------------------------------------------------------------------------------
 def group_mean_std(values: torch.Tensor, group_index: torch.Tensor, num_groups: int, ddof: int):
     """Per-row mean, std and size of the row's group. values (B,) -> three (B,) tensors."""
-    ones = torch.ones_like(values)
-    count = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group_index, ones)
-    total = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group_index, values)
-    mean = total / count.clamp(min=1)
-    sq = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group_index, (values - mean[group_index]) ** 2)
-    var = sq / (count - ddof).clamp(min=1)
+    count = group_sum(torch.ones_like(values), group_index, num_groups)
+    mean = group_sum(values, group_index, num_groups) / count.clamp(min=1)
+    squares = group_sum((values - mean[group_index]) ** 2, group_index, num_groups)
+    # ddof = 1 on a group of one would divide by 0; its advantage is 0 anyway (callers test count > 1)
+    var = squares / (count - ddof).clamp(min=1)
     return mean[group_index], var.sqrt()[group_index], count[group_index]
+
+
+def group_sum(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Sum of (B,) `values` per group -> (N,)."""
+    return values.new_zeros(num_groups).index_add_(0, group_index, values)
+
+
+def masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x on valid positions, exactly 0 elsewhere, whatever (even inf) the padding holds."""
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, ddof: int, eps: float) -> torch.Tensor:
@@ -76,7 +89,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, ddof: int, eps: float) ->
         return torch.zeros_like(x)
     mean = valid.mean()
     std = valid.var(correction=ddof).sqrt() if valid.numel() > ddof else valid.new_zeros(())
-    return ((x - mean) / (std + eps)) * mask
+    return masked((x - mean) / (std + eps), mask)
 
 
 def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -85,12 +98,14 @@ def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
 
 
 def masked_kl(batch: AdvantageBatch) -> torch.Tensor:
-    return torch.zeros_like(batch.mask) if batch.kl is None else batch.kl * batch.mask
+    """(B, T) per-token KL, 0 at padding; all 0 when no KL is folded into the reward."""
+    return torch.zeros_like(batch.mask) if batch.kl is None else masked(batch.kl.to(batch.mask.dtype),
+                                                                       batch.response_mask)
 
 
 def broadcast(per_response: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
     """(B,) -> (B, T), the same value on every valid token."""
-    return per_response.unsqueeze(1) * batch.mask
+    return masked(per_response.unsqueeze(1).expand_as(batch.mask), batch.response_mask)
 
 
 def adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -110,7 +125,7 @@ def reinforce(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
 def reinforce_kl_to_go(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
     """A_bt = r_b - beta sum_{t' >= t} kl_bt' (the "KL trick": KL reward-to-go)."""
     to_go = reverse_cumsum(masked_kl(batch))
-    return AdvantageResult((batch.rewards.unsqueeze(1) - hp.kl_beta * to_go) * batch.mask)
+    return AdvantageResult(masked(batch.rewards.unsqueeze(1) - hp.kl_beta * to_go, batch.response_mask))
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
@@ -125,8 +140,8 @@ def rloo(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
     """RLOO (Ahmadian 2024): A_b = S_b - mean of the other S in the group, S_b = r_b - beta sum_t kl_bt."""
     score = batch.rewards - hp.kl_beta * masked_kl(batch).sum(dim=1)
     n = batch.num_groups
-    total = torch.zeros(n, dtype=score.dtype).index_add_(0, batch.group_index, score)[batch.group_index]
-    count = torch.zeros(n, dtype=score.dtype).index_add_(0, batch.group_index, torch.ones_like(score))[batch.group_index]
+    total = group_sum(score, batch.group_index, n)[batch.group_index]
+    count = group_sum(torch.ones_like(score), batch.group_index, n)[batch.group_index]
     leave_one_out = (total - score) / (count - 1).clamp(min=1)
     advantage = torch.where(count > 1, score - leave_one_out, torch.zeros_like(score))
     return AdvantageResult(broadcast(advantage, batch))
@@ -138,13 +153,13 @@ def remax(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
     if batch.baseline_rewards is None:
         raise ValueError("remax needs baseline_rewards: the reward of each prompt's greedy sample")
     to_go = reverse_cumsum(masked_kl(batch))
-    centred = (batch.rewards - batch.baseline_rewards).unsqueeze(1)
-    return AdvantageResult((centred - hp.kl_beta * to_go) * batch.mask)
+    centred = (batch.rewards - batch.baseline_rewards.to(batch.rewards.dtype)).unsqueeze(1)
+    return AdvantageResult(masked(centred - hp.kl_beta * to_go, batch.response_mask))
 
 
-def _gae(deltas: torch.Tensor, gamma: float, lam: torch.Tensor) -> torch.Tensor:
-    """A_t = sum_{t' >= t} (gamma lambda)^(t' - t) delta_t', one backward pass over time. (B, T)."""
-    decay = (gamma * lam).reshape(-1, 1).expand(deltas.shape[0], 1)
+def _gae(deltas: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """A_t = sum_{t' >= t} decay^(t' - t) delta_t', one backward pass over time (the only loop allowed:
+    the recursion is sequential in t). deltas (B, T), decay (B, 1) = gamma * lambda per response."""
     out = torch.zeros_like(deltas)
     running = torch.zeros_like(deltas[:, 0:1])
     for t in range(deltas.shape[1] - 1, -1, -1):
@@ -153,28 +168,34 @@ def _gae(deltas: torch.Tensor, gamma: float, lam: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _per_response(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A scalar or (B,) hyperparameter as a (B, 1) column on `like`'s device and dtype."""
+    column = torch.as_tensor(value, dtype=like.dtype, device=like.device).reshape(-1, 1)
+    return column.expand(like.shape[0], 1)
+
+
 @ADVANTAGE_ESTIMATORS.register("gae")
 def gae(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
     """GAE (Schulman 2016) with a per-response lambda and a separate lambda for the critic target.
 
     delta_t = 1[t = T_b - 1] r_b - beta kl_t + gamma V_{t+1} - V_t, with V_{T_b} = 0;
-    A = GAE(lam), returns = GAE(lambda_critic) + V (decoupled GAE, VAPO).
+    A = GAE(lam), returns = GAE(lambda_critic) + V (decoupled GAE, VAPO, Yue 2025). The valid tokens
+    of a row are a prefix (a response starts at t = 0), so T_b = the row's mask count.
     """
     if batch.values is None:
         raise ValueError("gae needs values: the critic's V(s_t) on the batch")
-    mask = batch.mask
-    values = batch.values * mask
-    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
-    last = (batch.response_mask.sum(dim=1) - 1).clamp(min=0)
+    mask, valid = batch.mask, batch.response_mask
+    values = masked(batch.values.to(mask.dtype), valid)
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)  # V_{T_b} = 0: masked
+    last = (valid.sum(dim=1) - 1).clamp(min=0)
     terminal = torch.zeros_like(mask).scatter_(1, last.unsqueeze(1), 1.0) * mask
-    deltas = (terminal * batch.rewards.unsqueeze(1) - hp.kl_beta * masked_kl(batch)
-              + hp.gamma * next_values - values) * mask
-    lam = torch.as_tensor(hp.lam, dtype=mask.dtype)
-    advantages = _gae(deltas, hp.gamma, lam) * mask
-    critic_lam = lam if hp.lambda_critic is None else torch.as_tensor(hp.lambda_critic, dtype=mask.dtype)
-    same = critic_lam.shape == lam.shape and torch.equal(critic_lam, lam)
-    critic_advantages = advantages if same else _gae(deltas, hp.gamma, critic_lam) * mask
-    return AdvantageResult(advantages, (critic_advantages + values) * mask)
+    deltas = masked(terminal * batch.rewards.unsqueeze(1) - hp.kl_beta * masked_kl(batch)
+                    + hp.gamma * next_values - values, valid)
+    lam, critic_lam = _per_response(hp.lam, mask), _per_response(hp.lambda_critic, mask)
+    advantages = masked(_gae(deltas, hp.gamma * lam), valid)
+    same_lambda = torch.equal(critic_lam, lam)  # the common case: one pass serves both
+    critic_advantages = advantages if same_lambda else masked(_gae(deltas, hp.gamma * critic_lam), valid)
+    return AdvantageResult(advantages, masked(critic_advantages + values, valid))
 
 
 @ADVANTAGE_ESTIMATORS.register("group_norm")
@@ -200,15 +221,17 @@ def group_process(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult
     or after t."""
     if batch.step_ends is None or batch.step_rewards is None:
         raise ValueError("group_process needs step_ends and step_rewards")
-    step_mask = torch.ones_like(batch.step_ends, dtype=torch.bool) if batch.step_mask is None else batch.step_mask
+    step_mask = batch.step_mask.bool() if batch.step_mask is not None else torch.ones_like(batch.step_ends).bool()
     rho = batch.step_rewards.to(batch.rewards.dtype)
     step_group = batch.group_index.unsqueeze(1).expand_as(batch.step_ends)[step_mask]
     pooled = rho[step_mask]
     mean, std, _ = group_mean_std(pooled, step_group, batch.num_groups, hp.std_ddof)
     normalised = torch.zeros_like(rho)
     normalised[step_mask] = (pooled - mean) / (std + hp.eps)
-    at_step_end = torch.zeros_like(batch.mask).scatter_add_(1, batch.step_ends.clamp(min=0), normalised * step_mask)
-    return AdvantageResult(reverse_cumsum(at_step_end) * batch.mask)
+    # padded steps add 0 wherever their (garbage) end points; the clamp only keeps the index in range
+    ends = batch.step_ends.clamp(0, batch.mask.shape[1] - 1)
+    at_step_end = torch.zeros_like(batch.mask).scatter_add_(1, ends, normalised)
+    return AdvantageResult(masked(reverse_cumsum(at_step_end), batch.response_mask))
 
 
 def compute_advantages(name: str, batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:

@@ -2,10 +2,14 @@
 
 loss = sum(w * (l_clip + beta_loss * KL(logp, ref))) - entropy_coef * sum(w * H) + nll_coef * sum(w_nll * -logp)
 
-with w the aggregation weights and w_nll = 1 / (tokens of the minibatch's correct responses) on those
-tokens (VAPO's positive-example NLL, a token mean). Every returned metric is additive over the
-micro-batches of a minibatch (normalised by whole-minibatch counts), so summing them gives the
-minibatch's value.
+with w the aggregation weights (ALGORITHMS.md "Policy loss") and w_nll = 1 / (tokens of the
+minibatch's correct responses) on those tokens (VAPO's positive-example NLL, Yue 2025, a token mean).
+Every returned metric is additive over the micro-batches of a minibatch (normalised by whole-minibatch
+counts), so summing them over micro-batches (and ranks) gives the minibatch's value.
+
+Padding never reaches the arithmetic: every per-token input is replaced by a neutral value (log-ratio
+0, advantage 0, ...) outside `mask` before any exp, so garbage, -inf or NaN in padded positions changes
+neither the loss nor its gradient (a masked product 0 * inf would be NaN).
 """
 
 from __future__ import annotations
@@ -20,42 +24,63 @@ from rlpipe.algorithms.losses import clipped_surrogate
 
 @dataclass(frozen=True)
 class PolicyLossCoefs:
+    """Plain-number coefficients of the policy objective; every field is required."""
+
     eps_low: float
     eps_high: float
     clip_ratio_c: float  # 0 = no dual clip
     kl_loss_beta: float  # 0 = no KL term in the loss
-    kl_loss_estimator: str
-    entropy_coef: float
-    nll_coef: float
+    kl_loss_estimator: str  # a KL_ESTIMATORS name
+    entropy_coef: float  # 0 = no entropy bonus
+    nll_coef: float  # 0 = no positive-example NLL
 
 
-def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor,
-                     token_weights: torch.Tensor, coefs: PolicyLossCoefs, ref_logp: torch.Tensor | None = None,
-                     entropy: torch.Tensor | None = None, nll_weights: torch.Tensor | None = None):
-    """(scalar loss, metrics). All tensors (b, T); `token_weights` = mask / minibatch tokens (metrics)."""
-    surrogate, clipped = clipped_surrogate(logp, old_logp, advantages, coefs.eps_low, coefs.eps_high,
-                                           coefs.clip_ratio_c)
+def _valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     weights: torch.Tensor, token_weights: torch.Tensor, coefs: PolicyLossCoefs,
+                     ref_logp: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
+                     nll_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(scalar loss, metrics) of one micro-batch.
+
+    All tensors (b, T): logp (with grad), old_logp, advantages, mask (bool: tokens in the loss),
+    weights (aggregation weights), token_weights (mask / minibatch tokens, for token-mean metrics),
+    optional ref_logp, entropy, nll_weights. Metrics (0-dim, detached): pg_loss, clip_fraction,
+    approx_kl (k3 of pi_old vs pi_theta: KL(pi_old || pi_theta)), and when given kl_ref (k3 to the
+    reference, whatever estimator the loss uses), kl_loss, entropy, nll.
+    """
+    mask = mask.bool()
+    log_ratio = _valid(logp - old_logp, mask)
+    advantages = _valid(advantages.to(log_ratio.dtype), mask)
+    surrogate, clipped = clipped_surrogate(log_ratio, torch.zeros_like(log_ratio), advantages, coefs.eps_low,
+                                           coefs.eps_high, coefs.clip_ratio_c)
     pg_loss = (weights * surrogate).sum()
     loss = pg_loss
     with torch.no_grad():
-        # approx KL(pi_old || pi) from samples of pi_old: r - 1 - log r, r = pi / pi_old
-        log_ratio = logp.detach() - old_logp
+        # k3 of d = log(pi_old / pi) over samples of pi_old: r - 1 - log r with r = pi / pi_old
+        detached = log_ratio.detach()
         metrics = {
             "pg_loss": pg_loss.detach(),
-            "clip_fraction": (token_weights * clipped).sum(),
-            "approx_kl": (token_weights * (torch.exp(log_ratio) - 1 - log_ratio)).sum(),
+            "clip_fraction": (token_weights * (clipped & mask).to(detached.dtype)).sum(),
+            "approx_kl": (token_weights * (torch.exp(detached) - 1 - detached)).sum(),
         }
     if ref_logp is not None:
-        kl = KL_ESTIMATORS.get(coefs.kl_loss_estimator)(logp, ref_logp)
+        ref_log_ratio = _valid(logp - ref_logp, mask)
+        zeros = torch.zeros_like(ref_log_ratio)
         if coefs.kl_loss_beta > 0:
-            loss = loss + coefs.kl_loss_beta * (weights * kl).sum()
-        metrics["kl_ref"] = (token_weights * k3(logp.detach(), ref_logp)).sum()
+            kl_loss = (weights * KL_ESTIMATORS.get(coefs.kl_loss_estimator)(ref_log_ratio, zeros)).sum()
+            loss = loss + coefs.kl_loss_beta * kl_loss
+            metrics["kl_loss"] = kl_loss.detach()
+        metrics["kl_ref"] = (token_weights * k3(ref_log_ratio.detach(), zeros)).sum()
     if entropy is not None:
+        entropy = _valid(entropy, mask)
         if coefs.entropy_coef > 0:
             loss = loss - coefs.entropy_coef * (weights * entropy).sum()
         metrics["entropy"] = (token_weights * entropy.detach()).sum()
     if nll_weights is not None and coefs.nll_coef > 0:
-        nll = (nll_weights * -logp).sum()
+        nll = (nll_weights * -_valid(logp, mask)).sum()
         loss = loss + coefs.nll_coef * nll
         metrics["nll"] = nll.detach()
     return loss, metrics

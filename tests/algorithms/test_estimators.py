@@ -14,6 +14,8 @@ F64 = torch.float64
 
 
 def params(kl_beta=0.0, gamma=1.0, lam=1.0, lambda_critic=None, whiten=False, std_ddof=0):
+    """The test's shorthand: the critic's lambda is the policy's unless given."""
+    lambda_critic = lam if lambda_critic is None else lambda_critic
     return AdvantageParams(kl_beta=kl_beta, gamma=gamma, lam=lam, lambda_critic=lambda_critic, whiten=whiten,
                            std_ddof=std_ddof, eps=EPS)
 

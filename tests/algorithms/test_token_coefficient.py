@@ -1,6 +1,7 @@
 """The seed's first table: each preset's token coefficient c (by autograd through the update's loss)
 equals the ALGORITHMS.md expression up to one positive batch-wide constant, on random ragged batches
-with nonzero KL. Expected advantages are recomputed here by plain per-row loops, independently."""
+with nonzero KL. Expected advantages are recomputed here by plain per-row loops, independently, on the
+rows that dynamic sampling keeps (dapo, vapo); dropped rows must have c = 0."""
 
 from __future__ import annotations
 
@@ -13,37 +14,9 @@ from rlpipe.algorithms.build import token_coefficient
 from rlpipe.algorithms.presets import PRESETS
 from rlpipe.config import AlgorithmConfig
 
-N, M, T_MAX, L_MAX = 5, 4, 7, 9
+from batches import L_MAX, M, N, random_batch
+
 EPS = 1e-6
-
-
-def random_batch(seed: int):
-    g = torch.Generator().manual_seed(seed)
-    B = N * M
-    lengths = torch.randint(1, T_MAX + 1, (B,), generator=g)
-    lengths[0] = T_MAX
-    mask = torch.arange(T_MAX).unsqueeze(0) < lengths.unsqueeze(1)
-    rewards = torch.randint(0, 2, (B,), generator=g).double()
-    rewards[:M] = torch.tensor([1.0, 0.0, 1.0, 0.0])  # at least one group with signal
-    old = -torch.rand((B, T_MAX), generator=g, dtype=torch.float64) * 2 - 0.05
-    ref = old + 0.3 * torch.randn((B, T_MAX), generator=g, dtype=torch.float64)  # nonzero KL
-    values = torch.rand((B, T_MAX), generator=g, dtype=torch.float64)
-    steps = torch.randint(1, 4, (B,), generator=g)
-    step_ends = torch.zeros((B, 3), dtype=torch.long)
-    step_mask = torch.zeros((B, 3), dtype=torch.bool)
-    for b in range(B):
-        k = min(int(steps[b]), int(lengths[b]))
-        ends = sorted(torch.randperm(int(lengths[b]), generator=g)[:k].tolist())
-        ends[-1] = int(lengths[b]) - 1
-        step_ends[b, :k] = torch.tensor(ends)
-        step_mask[b, :k] = True
-    return dict(
-        rewards=rewards, response_mask=mask, group_index=torch.arange(N).repeat_interleave(M),
-        old_logp=old * mask, ref_logp=ref * mask, values=values * mask,
-        baseline_rewards=torch.randint(0, 2, (N,), generator=g).double().repeat_interleave(M),
-        step_ends=step_ends, step_rewards=torch.randint(0, 2, (B, 3), generator=g).double() * step_mask,
-        step_mask=step_mask, correct=rewards.bool(),
-    )
 
 
 # --- independent references (plain loops) -----------------------------------------------------------
@@ -148,15 +121,40 @@ def process_advantages(b):
     return out * b["response_mask"]
 
 
+def kept_by_dynamic_sampling(preset: str, b) -> torch.Tensor:
+    """(B,) bool, by a loop: groups whose `correct` are all equal are dropped when the preset samples
+    dynamically (dapo, vapo)."""
+    keep = torch.ones(len(b["rewards"]), dtype=torch.bool)
+    if PRESETS[preset].get("dynamic_sampling"):
+        for g in b["group_index"].unique():
+            rows = b["group_index"] == g
+            keep[rows] = bool(b["correct"][rows].any() and not b["correct"][rows].all())
+    return keep
+
+
+def expected_on_kept(preset: str, b) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(c, NLL part or None, keep): the seed table evaluated on the kept rows, 0 on dropped rows."""
+    keep = kept_by_dynamic_sampling(preset, b)
+    policy, nll = expected(preset, {k: v[keep] for k, v in b.items()})
+    full_policy = torch.zeros_like(b["old_logp"])
+    full_policy[keep] = policy
+    if nll is None:
+        return full_policy, None, keep
+    full_nll = torch.zeros_like(b["old_logp"])
+    full_nll[keep] = nll
+    return full_policy, full_nll, keep
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_token_coefficient_matches_the_seed_table(preset, seed):
     b = random_batch(seed)
     spec = AlgorithmConfig(preset=preset).resolve()
     c = token_coefficient(spec, max_new_tokens=L_MAX, **b)
-    want_policy, want_nll = expected(preset, b)
+    want_policy, want_nll, keep = expected_on_kept(preset, b)
     mask = b["response_mask"]
     assert torch.all(c.policy[~mask] == 0) and torch.all(c.nll[~mask] == 0)
+    assert torch.all(c.total[~keep] == 0)
     significant = want_policy.abs() > 1e-9
     ratio = c.policy[significant] / want_policy[significant]
     constant = ratio.mean()
@@ -168,17 +166,33 @@ def test_token_coefficient_matches_the_seed_table(preset, seed):
     else:
         # the NLL part shares the same batch-wide constant
         assert torch.allclose(c.nll, constant * want_nll, rtol=1e-6, atol=1e-12)
-        assert (c.nll > 0).sum() == (b["correct"].unsqueeze(1) & mask).sum()
+        assert (c.nll > 0).sum() == (b["correct"].unsqueeze(1) & mask & keep.unsqueeze(1)).sum()
+
+
+def test_dynamic_sampling_drops_rows_that_would_otherwise_count():
+    # vapo's GAE advantage r - V is nonzero on the all-correct last group; dynamic sampling zeroes it
+    b = random_batch(0)
+    on = token_coefficient(AlgorithmConfig(preset="vapo").resolve(), max_new_tokens=L_MAX, **b)
+    off = token_coefficient(AlgorithmConfig(preset="vapo", dynamic_sampling=False).resolve(), max_new_tokens=L_MAX, **b)
+    last = slice(-M, None)
+    assert torch.all(on.total[last] == 0) and off.policy[last].abs().sum() > 0
+    # the kept rows' normaliser 1 / sum T shrinks to the kept tokens: c grows by sum T / sum T_kept
+    keep = kept_by_dynamic_sampling("vapo", b)
+    factor = b["response_mask"].sum() / b["response_mask"][keep].sum()
+    rows = keep.unsqueeze(1) & b["response_mask"]
+    assert torch.allclose(on.policy[rows], off.policy[rows] * factor, rtol=1e-6)
 
 
 def test_constants_are_the_aggregation_normalisers():
     b = random_batch(3)
     B = N * M
+    kept_groups = int(kept_by_dynamic_sampling("dapo", b).sum()) // M
+    assert kept_groups < N  # the all-correct group is dropped
     for preset, constant in [("grpo", 1 / B), ("grpo_r1", 1 / B), ("dr_grpo", 1 / (B * L_MAX)),
-                             ("dapo", 1 / (N * M)), ("orz", 1 / float(b["response_mask"].sum()))]:
+                             ("dapo", 1 / (kept_groups * M)), ("orz", 1 / float(b["response_mask"].sum()))]:
         spec = AlgorithmConfig(preset=preset).resolve()
         c = token_coefficient(spec, max_new_tokens=L_MAX, **b).policy
-        want, _ = expected(preset, b)
+        want, _, _ = expected_on_kept(preset, b)
         sig = want.abs() > 1e-9
         assert torch.allclose(c[sig] / want[sig], torch.tensor(constant, dtype=torch.float64)), preset
 
@@ -188,7 +202,23 @@ def test_filtered_responses_have_zero_coefficient():
     truncated = torch.zeros(N * M, dtype=torch.bool)
     truncated[[1, 5]] = True
     spec = AlgorithmConfig(preset="dapo", overlong_filtering=True).resolve()
-    c = token_coefficient(spec, max_new_tokens=L_MAX, truncated=truncated, **b)
+    c = token_coefficient(spec, max_new_tokens=L_MAX, **{**b, "truncated": truncated})
     assert torch.all(c.total[truncated] == 0)
     assert c.total[~truncated].abs().sum() > 0
     assert math.isfinite(float(c.total.sum()))
+    # the kept responses of a filtered group share its remaining tokens: group 0 loses row 1's tokens
+    unfiltered = token_coefficient(AlgorithmConfig(preset="dapo").resolve(), max_new_tokens=L_MAX, **b)
+    lengths = b["response_mask"].sum(1).double()
+    group0 = lengths[:M].sum() / (lengths[:M].sum() - lengths[1])
+    assert torch.allclose(c.policy[0], unfiltered.policy[0] * group0, rtol=1e-6)
+
+
+def test_missing_inputs_fail_clearly():
+    b = random_batch(0)
+    vapo = AlgorithmConfig(preset="vapo").resolve()
+    with pytest.raises(ValueError, match="needs correct"):
+        token_coefficient(vapo, max_new_tokens=L_MAX, **{**b, "correct": None})
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        token_coefficient(AlgorithmConfig(preset="grpo").resolve(), max_new_tokens=L_MAX, **{**b, "ref_logp": None})
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        token_coefficient(AlgorithmConfig(preset="rloo").resolve(), max_new_tokens=L_MAX, **{**b, "ref_logp": None})

@@ -1,0 +1,106 @@
+"""Two miniature experiments (grpo, rloo) compared the way a user would: a real `mlflow server` over
+the same sqlite store, queried over its REST API, and `dvc exp show --csv`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from test_pipeline import dvc, make_project, ran_stages
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def two_experiments(tmp_path_factory):
+    root = make_project(tmp_path_factory.mktemp("experiments") / "project")
+    logs = {}
+    for preset in ("grpo", "rloo"):
+        logs[preset] = dvc(root, "exp", "run", "--temp", "-n", f"mini-{preset}", "-S", f"algorithm.preset={preset}")
+    return root, logs
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(two_experiments):
+    root, _ = two_experiments
+    port = free_port()
+    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    proc = subprocess.Popen(
+        [mlflow, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("mlflow server did not come up")
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: gunicorn and its workers
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_rest_api_shows_two_parents_with_a_child_per_stage(two_experiments, mlflow_server):
+    _, logs = two_experiments
+    with urllib.request.urlopen(f"{mlflow_server}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlpipe-test",
+                                timeout=30) as response:
+        experiment = json.loads(response.read())["experiment"]
+    runs = post(f"{mlflow_server}/api/2.0/mlflow/runs/search",
+                {"experiment_ids": [experiment["experiment_id"]], "max_results": 1000})["runs"]
+
+    def tags(run):
+        return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+    parents = [r for r in runs if tags(r).get("rlpipe.stage") == "pipeline"]
+    assert sorted(tags(p)["dvc.exp_name"] for p in parents) == ["mini-grpo", "mini-rloo"]
+    for parent in parents:
+        preset = tags(parent)["dvc.exp_name"].removeprefix("mini-")
+        children = [r for r in runs if tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
+        assert sorted(r["info"]["run_name"] for r in children) == sorted(ran_stages(logs[preset]))
+        metrics = {m["key"]: m["value"] for m in parent["data"].get("metrics", [])}
+        assert "pass_at_1" in metrics
+        params = {p["key"]: p["value"] for p in parent["data"].get("params", [])}
+        assert params["algorithm.preset"] == preset
+        assert tags(parent)["rlpipe.preset"] == preset
+
+
+def test_dvc_exp_show_lists_both_with_pass_at_1(two_experiments):
+    root, _ = two_experiments
+    table = list(csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv"))))
+    by_name = {row["Experiment"]: row for row in table if row.get("Experiment")}
+    assert {"mini-grpo", "mini-rloo"} <= set(by_name)
+    pass_column = next(c for c in table[0] if c.endswith("pass@1") and "init" not in c)
+    for name in ("mini-grpo", "mini-rloo"):
+        assert float(by_name[name][pass_column]) >= 0.0

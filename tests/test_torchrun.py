@@ -1,0 +1,26 @@
+"""torchrun with 2 gloo processes: after one micro-batched step on ragged lengths, the gradient equals
+the single-process gradient (loss counts all-reduced, groups dealt whole, DDP's mean scaled back)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from conftest import REPO
+
+SCRIPT = REPO / "tests" / "torchrun_gradient.py"
+
+
+def test_two_gloo_ranks_match_one_process(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests")}
+    single, double = tmp_path / "single.pt", tmp_path / "double.pt"
+    subprocess.run([sys.executable, str(SCRIPT), str(single)], check=True, env=env, timeout=300)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    str(SCRIPT), str(double)], check=True, env=env, timeout=300)
+    one, two = torch.load(single), torch.load(double)
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        assert one[mode].abs().sum() > 0
+        assert (one[mode] - two[mode]).abs().max() < 1e-5, mode

@@ -1,0 +1,67 @@
+"""Run by tests/test_torchrun.py, under torchrun or alone: one micro-batched update step of the tiny
+model on a fixed ragged minibatch; writes the summed gradient (rank 0) to the path in argv[1]."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import torch
+
+
+def minibatch_columns(groups: int = 6, samples: int = 3, seed: int = 0):
+    from rlpipe import artifacts
+
+    rng = random.Random(seed)
+    cols = {k: [] for k in ("group", "prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "advantages",
+                            "correct", "finish_reason")}
+    for g in range(groups):
+        prompt = [1] + [rng.randrange(4, 14) for _ in range(rng.randrange(3, 7))]
+        for _ in range(samples):
+            n = rng.randrange(1, 7)  # ragged responses
+            cols["group"].append(g)
+            cols["prompt_ids"].append(prompt)
+            cols["response_ids"].append([rng.randrange(4, 16) for _ in range(n)])
+            cols["old_logprobs"].append([-rng.uniform(0.5, 3.0) for _ in range(n)])
+            cols["ref_logprobs"].append([-rng.uniform(0.5, 3.0) for _ in range(n)])
+            cols["advantages"].append([rng.uniform(-1, 1)] * n)
+            cols["correct"].append(rng.random() < 0.5)
+            cols["finish_reason"].append("stop" if rng.random() < 0.7 else "length")
+    return artifacts.Columns(cols)
+
+
+def gradient(loss_agg: str, world) -> torch.Tensor:
+    from rlpipe.config import TinyModelConfig, params_from_dict
+    from rlpipe.distributed import unwrap, wrap_model
+    from rlpipe.models import build_tiny_model
+    from rlpipe.tokenizer import build_char_tokenizer
+    from rlpipe.training import Minibatch, train_step
+
+    params = params_from_dict({"algorithm": {"preset": "grpo", "loss_agg": loss_agg},
+                               "update": {"micro_batch_tokens": 24}, "rollout": {"max_new_tokens": 6}})
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(layers=2, hidden=32, heads=2, intermediate=64), tokenizer, seed=0)
+    model = wrap_model(model, "ddp", world)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    columns = minibatch_columns()
+    groups = sorted(set(columns["group"]))
+    mine = [i for i, g in enumerate(columns["group"]) if g in set(world.shard(groups))]
+    train_step(model, optimizer, Minibatch.of(columns, mine), params, tokenizer.pad_token_id, "test", world)
+    return torch.cat([p.grad.flatten() for p in unwrap(model).parameters()])
+
+
+def main() -> int:
+    from rlpipe.distributed import init_world
+
+    torch.set_num_threads(1)
+    world = init_world()
+    grads = {mode: gradient(mode, world) for mode in ("token-mean", "seq-mean-token-mean")}
+    if world.is_main:
+        torch.save(grads, sys.argv[1])
+    if world.distributed:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
