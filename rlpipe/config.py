@@ -174,6 +174,9 @@ class RewardConfig(Section):
     """`auto`: exact_match for `addition`, chain_steps for `chain`, math (math-verify) for file/hf data."""
     overlong_cache_len: int = Field(2, ge=0)
     """L_cache of DAPO's soft overlong punishment (applied when the algorithm's overlong_shaping is on)."""
+    process_model: Optional[str] = None
+    """HF directory of a process reward model (one-label token classifier) that scores each step end;
+    None = the verifier's own step rewards."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,7 +190,7 @@ class ResolvedAlgorithm(Section):
     kl_beta: float = Field(0.0, ge=0)
     """KL coefficient; 0 disables the KL term wherever it is placed."""
     loss_agg: LossAggName = "token-mean"
-    eps_low: float = Field(0.2, ge=0)
+    eps_low: float = Field(0.2, ge=0, lt=1)
     eps_high: float = Field(0.2, ge=0)
     """Clip range (1 - eps_low, 1 + eps_high); eps_high > eps_low is DAPO's clip-higher."""
     clip_ratio_c: float = Field(0.0, ge=0)

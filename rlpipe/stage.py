@@ -46,8 +46,11 @@ class StageContext:
         return f"{self.name}@{self.round_name}" if self.round_name else self.name
 
     def init_torch(self):
-        """Import torch with the configured threads and the run's seed."""
-        import torch
+        """Import torch and transformers' model classes (timed: the fixed cost of a model stage), with
+        the configured threads and the run's seed."""
+        with self.timed("import_seconds"):
+            import torch
+            import transformers.models.auto.modeling_auto  # noqa: F401  (what every model load needs)
 
         torch.set_num_threads(self.params.runtime.torch_threads)
         torch.manual_seed(self.params.seed)

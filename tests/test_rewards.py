@@ -59,3 +59,34 @@ def test_reward_metrics_exclude_greedy_rows():
     m = reward_metrics(columns)
     assert m["reward/mean"] == 0.5 and m["reward/accuracy"] == 0.5
     assert m["reward/overlong_penalty_mean"] == -0.25 and m["reward/greedy_accuracy"] == 1.0
+
+
+def test_model_based_process_scorer(tmp_path, tokenizer):
+    import torch
+    from transformers import LlamaConfig, LlamaForTokenClassification
+
+    from rlpipe.rewards.process_model import ModelStepScorer
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    prm = LlamaForTokenClassification(config).eval()
+    prm.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    prompts = [tokenizer("1+2+3=")["input_ids"], tokenizer("10+5=")["input_ids"]]
+    responses = [tokenizer("3,6", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id],
+                 tokenizer("15", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]]
+    scores = ModelStepScorer(tmp_path).score(prompts, responses, [[0, 3], [2]])
+    assert [len(s) for s in scores] == [2, 1] and all(0 < x < 1 for s in scores for x in s)
+    # the same as a direct forward of the unpadded sequence, read at the step-end tokens
+    with torch.no_grad():
+        direct = torch.sigmoid(prm(input_ids=torch.tensor([prompts[0] + responses[0]])).logits[0, :, 0])
+    assert scores[0] == pytest.approx([float(direct[len(prompts[0]) + 0]), float(direct[len(prompts[0]) + 3])], abs=1e-5)
+
+
+def test_scorer_rejects_a_non_model_directory(tmp_path):
+    from rlpipe.rewards.process_model import ModelStepScorer
+
+    with pytest.raises(FileNotFoundError, match="reward.process_model"):
+        ModelStepScorer(tmp_path)

@@ -99,8 +99,9 @@ def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
 
 def masked_kl(batch: AdvantageBatch) -> torch.Tensor:
     """(B, T) per-token KL, 0 at padding; all 0 when no KL is folded into the reward."""
-    return torch.zeros_like(batch.mask) if batch.kl is None else masked(batch.kl.to(batch.mask.dtype),
-                                                                       batch.response_mask)
+    if batch.kl is None:
+        return torch.zeros_like(batch.mask)
+    return masked(batch.kl.to(batch.mask.dtype), batch.response_mask)
 
 
 def broadcast(per_response: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
@@ -109,7 +110,8 @@ def broadcast(per_response: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor
 
 
 def adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
-    """VAPO's length-adaptive lambda: clamp(1 - 1 / (alpha T_b), 0, 1). (B,) -> (B,)."""
+    """VAPO's length-adaptive lambda (Yue 2025): clamp(1 - 1 / (alpha T_b), 0, 1). lengths (B,) -> (B,)
+    float64 (callers cast to their dtype)."""
     return (1 - 1 / (alpha * lengths.clamp(min=1).to(torch.float64))).clamp(0, 1)
 
 

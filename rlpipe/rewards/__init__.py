@@ -79,6 +79,12 @@ def score_rollouts(params: Params, rollouts_path: Path, tokenizer_path: Path, ou
             bar.update(len(completions[chunk]))
     step_tokenizer = _load_step_tokenizer(tokenizer_path) if any(v.step_char_ends for v in verdicts) else None
     steps = [place_steps(v, ids, step_tokenizer) for v, ids in zip(verdicts, columns["response_ids"])]
+    if params.reward.process_model is not None:
+        from rlpipe.rewards.process_model import ModelStepScorer
+
+        scored = ModelStepScorer(params.reward.process_model).score(
+            columns["prompt_ids"], columns["response_ids"], [ends for ends, _ in steps])
+        steps = [(ends, rewards) for (ends, _), rewards in zip(steps, scored)]
     max_new, cache = params.rollout.max_new_tokens, params.reward.overlong_cache_len
     out = {
         **columns.data,

@@ -17,14 +17,16 @@ def kl(name, logp, ref):
 
 def test_k1():
     # d = logp - ref: -0.5 - (-1.0) = 0.5; -2.0 - (-1.5) = -0.5 (k1 can be negative); equal -> 0
-    assert torch.allclose(kl("k1", [[-0.5, -2.0, -1.0]], [[-1.0, -1.5, -1.0]]), torch.tensor([[0.5, -0.5, 0.0]], dtype=F64))
+    out = kl("k1", [[-0.5, -2.0, -1.0]], [[-1.0, -1.5, -1.0]])
+    assert torch.allclose(out, torch.tensor([[0.5, -0.5, 0.0]], dtype=F64))
     # (B, T) = (2, 1): d = 0.25 and -3
     assert torch.allclose(kl("k1", [[0.0], [-4.0]], [[-0.25], [-1.0]]), torch.tensor([[0.25], [-3.0]], dtype=F64))
 
 
 def test_k2():
     # d^2 / 2: 0.5 -> 0.125; -0.5 -> 0.125; 0 -> 0
-    assert torch.allclose(kl("k2", [[-0.5, -2.0, -1.0]], [[-1.0, -1.5, -1.0]]), torch.tensor([[0.125, 0.125, 0.0]], dtype=F64))
+    out = kl("k2", [[-0.5, -2.0, -1.0]], [[-1.0, -1.5, -1.0]])
+    assert torch.allclose(out, torch.tensor([[0.125, 0.125, 0.0]], dtype=F64))
     # d = 2 -> 2; d = -0.1 -> 0.005
     assert torch.allclose(kl("k2", [[0.0, -1.1]], [[-2.0, -1.0]]), torch.tensor([[2.0, 0.005]], dtype=F64))
 

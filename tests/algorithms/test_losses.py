@@ -1,12 +1,17 @@
-"""Golden tests of the loss aggregation modes, the clipped surrogate and the clipped value loss."""
+"""Golden tests of the loss aggregation modes and counts, the clipped surrogate, the clipped value loss
+and the policy objective (KL, entropy and NLL terms, metrics)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from rlpipe.algorithms.aggregation import count_minibatch, loss_weights
+from rlpipe.algorithms.aggregation import LossCounts, count_minibatch, loss_weights
+from rlpipe.algorithms.build import minibatch_loss_setup, policy_loss
 from rlpipe.algorithms.losses import clipped_surrogate, value_loss
+from rlpipe.config import AlgorithmConfig
 
 F64 = torch.float64
 
@@ -89,3 +94,91 @@ def test_value_loss_clipping():
     loss, clipped = value_loss(values, old, returns, clip_range=0.2)
     assert torch.allclose(loss, t([0.5, 0.08, 0.045]))
     assert clipped.tolist() == [False, False, True]
+
+
+def test_count_minibatch_and_counts_tensor_round_trip():
+    # case B with row 1 correct: tokens 3 + 1 + 2 = 6, 3 sequences, 2 groups, correct tokens 1
+    mask = t(MASK_B)
+    counts = count_minibatch(mask, torch.tensor(GROUPS_B), torch.tensor([False, True, False]))
+    assert counts == LossCounts(tokens=6.0, sequences=3.0, groups=2.0, correct_tokens=1.0)
+    assert LossCounts.from_tensor(counts.to_tensor()) == counts
+    # a response with no valid token (filtered) counts neither as a sequence nor, alone, as a group
+    mask[2] = 0
+    assert count_minibatch(mask, torch.tensor(GROUPS_B)) == LossCounts(4.0, 2.0, 1.0, 0.0)
+
+
+def spec(**overrides):
+    return AlgorithmConfig(preset="grpo", **overrides).resolve()
+
+
+def test_loss_setup_filters_truncated_responses_and_weights_the_nll():
+    # case B, row 0 truncated, rows 0 and 2 correct. With overlong filtering row 0 leaves the loss:
+    # tokens 1 + 2 = 3, sequences 2; seq-mean-token-sum weights 1/2; NLL weights 1/2 on row 2 (2 correct tokens)
+    s = spec(loss_agg="seq-mean-token-sum", overlong_filtering=True)
+    setup = minibatch_loss_setup(s, response_mask=t(MASK_B).bool(), group_index=torch.tensor(GROUPS_B),
+                                 correct=torch.tensor([True, False, True]),
+                                 truncated=torch.tensor([True, False, False]), max_new_tokens=4, dtype=F64)
+    assert setup.counts == LossCounts(3.0, 2.0, 2.0, 2.0)
+    assert torch.equal(setup.weights, t([[0, 0, 0], [0.5, 0, 0], [0.5, 0.5, 0]]))
+    assert torch.equal(setup.nll_weights, t([[0, 0, 0], [0, 0, 0], [0.5, 0.5, 0]]))
+    assert torch.equal(setup.rows(slice(1, 3)).weights, setup.weights[1:])
+    # without filtering: tokens 6, sequences 3, correct tokens 3 + 2 = 5
+    setup = minibatch_loss_setup(spec(loss_agg="seq-mean-token-sum"), response_mask=t(MASK_B).bool(),
+                                 group_index=torch.tensor(GROUPS_B), correct=torch.tensor([True, False, True]),
+                                 truncated=torch.tensor([True, False, False]), max_new_tokens=4, dtype=F64)
+    assert setup.counts == LossCounts(6.0, 3.0, 2.0, 5.0)
+    assert torch.allclose(setup.nll_weights, t([[0.2] * 3, [0, 0, 0], [0.2, 0.2, 0]]))
+
+
+def test_objective_terms_and_metrics():
+    # two tokens of one response, token-mean (w = 1/2 each), ratio 1 (logp = old), A = (1, -2):
+    #   pg_loss = -(1/2)(1) - (1/2)(-2) = 0.5
+    #   KL in the loss, k3 with d = logp - ref = (0.5, -0.5), beta 0.1:
+    #     k3 = (e^-0.5 - 0.5, e^0.5 - 1.5) = (0.106531, 0.148721); mean 0.127626 -> + 0.0127626
+    #   entropy (1.0, 3.0), coef 0.01: - 0.01 * 2.0 = -0.02
+    #   NLL (mu 0.5): the response is correct, -logp mean = (1 + 2)/2 = 1.5 -> + 0.75
+    logp = torch.tensor([[-1.0, -2.0]], dtype=F64, requires_grad=True)
+    old = logp.detach().clone()
+    ref = t([[-1.5, -1.5]])
+    s = spec(loss_agg="token-mean", kl_beta=0.1, entropy_coef=0.01, nll_coef=0.5)
+    setup = minibatch_loss_setup(s, response_mask=torch.ones((1, 2), dtype=torch.bool), group_index=torch.tensor([0]),
+                                 correct=torch.tensor([True]), truncated=None, max_new_tokens=4, dtype=F64)
+    loss, metrics = policy_loss(s, logp=logp, old_logp=old, advantages=t([[1.0, -2.0]]), setup=setup,
+                                ref_logp=ref, entropy=t([[1.0, 3.0]]))
+    k3 = (math.exp(-0.5) - 0.5 + math.exp(0.5) - 1.5) / 2
+    assert loss.item() == pytest.approx(0.5 + 0.1 * k3 - 0.02 + 0.75, abs=1e-12)
+    assert metrics["pg_loss"].item() == pytest.approx(0.5)
+    assert metrics["kl_loss"].item() == pytest.approx(k3) and metrics["kl_ref"].item() == pytest.approx(k3)
+    assert metrics["entropy"].item() == pytest.approx(2.0) and metrics["nll"].item() == pytest.approx(1.5)
+    assert metrics["clip_fraction"].item() == 0 and metrics["approx_kl"].item() == 0
+    # gradient: -d loss/d logp = w A - beta w (1 - ref/pi) + mu w_nll, w = w_nll = 1/2 (the NLL pushes logp up;
+    # entropy is an input here, not a function of logp)
+    loss.backward()
+    c = -logp.grad
+    want = 0.5 * t([1.0, -2.0]) - 0.1 * 0.5 * (1 - torch.exp(ref[0] - old[0])) + 0.5 * 0.5
+    assert torch.allclose(c[0], want)
+
+
+def test_objective_metrics_away_from_ratio_one():
+    # ratios (1.5, 0.5) with A = (1, -1), eps 0.2: both tokens clipped (see test_clipped_surrogate) ->
+    # clip_fraction 1; approx_kl = mean(r - 1 - ln r) = ((0.5 - ln 1.5) + (-0.5 - ln 0.5)) / 2
+    s = spec(loss_agg="token-mean", kl_beta=0.0)
+    setup = minibatch_loss_setup(s, response_mask=torch.ones((1, 2), dtype=torch.bool), group_index=torch.tensor([0]),
+                                 correct=None, truncated=None, max_new_tokens=4, dtype=F64)
+    old = t([[-1.0, -1.0]])
+    loss, metrics = policy_loss(s, logp=old + torch.log(t([[1.5, 0.5]])), old_logp=old, advantages=t([[1.0, -1.0]]),
+                                setup=setup)
+    assert loss.item() == pytest.approx((-1.2 + 0.8) / 2)
+    assert metrics["clip_fraction"].item() == pytest.approx(1.0)
+    assert metrics["approx_kl"].item() == pytest.approx(((0.5 - math.log(1.5)) + (-0.5 - math.log(0.5))) / 2)
+    assert "kl_ref" not in metrics and "entropy" not in metrics and "nll" not in metrics
+
+
+def test_policy_loss_refuses_missing_inputs():
+    setup = minibatch_loss_setup(spec(), response_mask=torch.ones((1, 2), dtype=torch.bool),
+                                 group_index=torch.tensor([0]), correct=None, truncated=None, max_new_tokens=4)
+    x = torch.zeros((1, 2))
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        policy_loss(spec(), logp=x, old_logp=x, advantages=x, setup=setup)
+    with pytest.raises(ValueError, match="needs the per-token entropy"):
+        policy_loss(spec(entropy_coef=0.01), logp=x, old_logp=x, advantages=x, setup=setup, ref_logp=x)

@@ -47,9 +47,46 @@ def test_duplicate_name_raises():
         registry.register("a")(lambda: 2)
 
 
-def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(KeyError, match="unknown advantage estimator 'gea'; valid: gae, group_mean, group_norm"):
-        ADVANTAGE_ESTIMATORS.get("gea")
+@pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS])
+def test_unknown_name_lists_the_valid_ones_sorted(registry):
+    with pytest.raises(KeyError) as err:
+        registry.get("gea")
+    assert f"unknown {registry.family} 'gea'; valid: {', '.join(sorted(registry.names()))}" in str(err.value)
+
+
+# ALGORITHMS.md "Presets": (estimator, kl_placement, kl_estimator, kl_beta, loss_agg) and the extras
+PRESET_TABLE = {
+    "reinforce": ("reinforce", "reward", "k1", 0.01, "seq-mean-token-sum", {}),
+    "reinforce_kl_trick": ("reinforce_kl_to_go", "reward", "k1", 0.01, "seq-mean-token-sum", {}),
+    "reinforce_pp": ("reinforce_pp", "reward", "k1", 0.01, "token-mean", {}),
+    "rloo": ("rloo", "reward", "k1", 0.01, "seq-mean-token-sum", {}),
+    "remax": ("remax", "reward", "k1", 0.01, "seq-mean-token-sum", {}),
+    "ppo": ("gae", "reward", "k1", 0.01, "token-mean", {"gamma": 1.0, "lam": 0.95, "whiten_advantages": True}),
+    "orz": ("gae", "none", None, 0.0, "token-mean", {"gamma": 1.0, "lam": 1.0, "lambda_critic": 1.0,
+                                                     "whiten_advantages": False}),
+    "grpo": ("group_norm", "loss", "k3", 0.04, "seq-mean-token-mean", {}),
+    "grpo_r1": ("group_norm", "loss", "k3", 0.001, "seq-mean-token-sum", {}),
+    "dapo": ("group_norm", "none", None, 0.0, "group-token-mean",
+             {"eps_low": 0.2, "eps_high": 0.28, "dynamic_sampling": True, "overlong_shaping": True}),
+    "dr_grpo": ("group_mean", "none", None, 0.0, "seq-mean-token-sum-norm", {}),
+    "vapo": ("gae", "none", None, 0.0, "token-mean",
+             {"gamma": 1.0, "lam": "adaptive", "adaptive_lambda_alpha": 0.05, "lambda_critic": 1.0, "eps_high": 0.28,
+              "nll_coef": 0.1, "dynamic_sampling": True, "whiten_advantages": False}),
+    "grpo_process": ("group_process", "loss", "k3", 0.04, "seq-mean-token-mean", {}),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_TABLE))
+def test_each_preset_matches_the_spec_table(preset):
+    estimator, placement, kl_estimator, beta, loss_agg, extras = PRESET_TABLE[preset]
+    spec = AlgorithmConfig(preset=preset).resolve()
+    assert (spec.estimator, spec.kl_placement, spec.kl_beta, spec.loss_agg) == (estimator, placement, beta, loss_agg)
+    if kl_estimator is not None:
+        assert spec.kl_estimator == kl_estimator
+    assert {k: getattr(spec, k) for k in extras} == extras
+    # the defaults every preset keeps: population std, eps 1e-6, no dual clip, no entropy bonus
+    assert (spec.std_ddof, spec.std_eps, spec.clip_ratio_c, spec.entropy_coef) == (0, 1e-6, 0.0, 0.0)
+    assert spec.needs_critic == (estimator == "gae") and spec.greedy_baseline == (estimator == "remax")
 
 
 def test_every_component_is_overridable():
@@ -61,7 +98,8 @@ def test_every_component_is_overridable():
 
 def test_preset_defaults_follow_the_spec():
     grpo = AlgorithmConfig(preset="grpo").resolve()
-    assert (grpo.kl_placement, grpo.kl_estimator, grpo.kl_beta, grpo.std_ddof, grpo.std_eps) == ("loss", "k3", 0.04, 0, 1e-6)
+    assert (grpo.kl_placement, grpo.kl_estimator, grpo.kl_beta, grpo.std_ddof, grpo.std_eps) == \
+        ("loss", "k3", 0.04, 0, 1e-6)
     dapo = AlgorithmConfig(preset="dapo").resolve()
     assert (dapo.eps_low, dapo.eps_high, dapo.dynamic_sampling, dapo.overlong_shaping) == (0.2, 0.28, True, True)
     vapo = AlgorithmConfig(preset="vapo").resolve()
@@ -76,8 +114,13 @@ def test_preset_defaults_follow_the_spec():
         ({"algorithm": {"preset": "rloo"}, "rollout": {"samples_per_prompt": 1}}, "rollout.samples_per_prompt"),
         ({"algorithm": {"preset": "grpo", "estimator": "group_norm"}, "rollout": {"samples_per_prompt": 1}},
          "rollout.samples_per_prompt"),
+        ({"algorithm": {"preset": "ppo", "estimator": "rloo"}, "rollout": {"samples_per_prompt": 1}},
+         "rollout.samples_per_prompt"),
         ({"algorithm": {"eps_high": -0.01}}, "algorithm.eps_high"),
+        ({"algorithm": {"preset": "dapo", "eps_high": -0.28}}, "algorithm.eps_high"),
         ({"algorithm": {"preset": "grpo_plus"}}, "algorithm.preset"),
+        ({"algorithm": {"loss_agg": "token_mean"}}, "algorithm.loss_agg"),
+        ({"algorithm": {"clip_ratio_c": 0.5}}, "algorithm.clip_ratio_c"),
     ],
 )
 def test_config_errors_name_the_key(raw, key):
