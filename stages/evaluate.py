@@ -2,7 +2,7 @@
 
 Reads params `seed`, `eval`, `rollout`, `reward`, `data.task`, every runs/policy/rK and
 runs/data/test.parquet. Writes runs/metrics/eval.json, runs/metrics/rounds.json and
-runs/metrics/evaluate.json and the PNG plots in runs/plots/; logs pass@1 and friends on the MLflow parent run.
+runs/metrics/evaluate.json (timings) and the PNG plots in runs/plots/; logs pass@1 and friends on the MLflow parent run.
 """
 
 from rlpipe import paths
@@ -14,8 +14,11 @@ def evaluate(ctx):
 
     ctx.init_torch()
     metrics = evaluate(ctx.params, paths.TEST, tracker=ctx.tracker)
+    ctx.tracker.log_metrics(metrics)
     ctx.tracker.log_metrics(metrics, to_parent=True)
-    return metrics
+    # the results live in eval.json; evaluate.json keeps only this stage's timings, so that
+    # `dvc exp show` lists each result once
+    return {}
 
 
 if __name__ == "__main__":

@@ -101,6 +101,13 @@ def test_dvc_exp_show_lists_both_with_pass_at_1(two_experiments):
     table = list(csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv"))))
     by_name = {row["Experiment"]: row for row in table if row.get("Experiment")}
     assert {"mini-grpo", "mini-rloo"} <= set(by_name)
-    pass_column = next(c for c in table[0] if c.endswith("pass@1") and "init" not in c)
+    # the metrics files are committed into each experiment, so each row carries its own eval results
+    # (dvc prefixes a column with its file only where two files share a key)
+    columns = list(table[0])
+    final = next(c for c in columns if c.split(":")[-1] == "pass@1")
+    initial = next(c for c in columns if c.split(":")[-1] == "pass@1_init")
     for name in ("mini-grpo", "mini-rloo"):
-        assert float(by_name[name][pass_column]) >= 0.0
+        row = by_name[name]
+        assert row["algorithm.preset"] == name.removeprefix("mini-")
+        assert 0.0 <= float(row[final]) <= 1.0
+        assert 0.0 <= float(row[initial]) <= 1.0

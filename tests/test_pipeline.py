@@ -34,7 +34,7 @@ def make_project(root: Path, params_file: Path = MINI_PARAMS) -> Path:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dst)
     shutil.copy(params_file, root / "params.yaml")
-    (root / ".gitignore").write_text("runs/\nmlflow.db\nmlruns/\n")
+    shutil.copy(REPO / ".gitignore", root / ".gitignore")
     git = ["git", "-c", "user.name=rlpipe-test", "-c", "user.email=test@rlpipe.invalid"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run([*git, "add", "-A"], cwd=root, check=True)
