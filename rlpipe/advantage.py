@@ -57,11 +57,13 @@ def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path
     import torch
 
     from rlpipe.algorithms.build import compute_round_advantages
+    from rlpipe.models import check_compatible
     from rlpipe.sequences import pad_ragged
 
     spec, cfg = params.algorithm.resolve(), params.rollout
-    table = artifacts.read_table(rewards_path, artifacts.REWARDS)
-    artifacts.check_group_sizes(table, rewards_path, cfg.samples_per_prompt, int(spec.greedy_baseline))
+    table = artifacts.read_round_table(rewards_path, artifacts.REWARDS, cfg.samples_per_prompt, int(spec.greedy_baseline))
+    check_compatible({"policy": policy_path, **({"reference": ref_path} if spec.needs_reference else {}),
+                      **({"critic": critic_path} if spec.needs_critic else {})})
     columns = artifacts.Columns.of(table)
     penalty = columns["overlong_penalty"] if spec.overlong_shaping else [0.0] * len(columns)
     shaped = [r + p for r, p in zip(columns["reward"], penalty)]

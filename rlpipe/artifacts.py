@@ -229,6 +229,13 @@ def _check_finite(table: pa.Table, schema: Schema, path: Path) -> None:
             raise ArtifactError(f"{path}: column {name!r} row {int(parents[bad.argmax()])} is not finite ({values[bad.argmax()]})")
 
 
+def read_round_table(path: Path, schema: Schema, samples_per_prompt: int, greedy_per_group: int) -> pa.Table:
+    """`read_table` of a round artifact (rollouts, rewards, batch), with its groups checked as configured."""
+    table = read_table(path, schema)
+    check_group_sizes(table, path, samples_per_prompt, greedy_per_group)
+    return table
+
+
 def check_group_sizes(table: pa.Table, path: Path, samples_per_prompt: int, greedy_per_group: int) -> None:
     """Every group holds `samples_per_prompt` sampled rows (+ `greedy_per_group` greedy ones)."""
     import numpy as np

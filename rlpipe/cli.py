@@ -39,10 +39,16 @@ def _compare(args) -> int:
 
 
 def _check_expectations(args) -> int:
-    from rlpipe.diagnostics.expectations import check_expectations, format_table
+    from rlpipe.diagnostics.expectations import check_expectations, format_table, plot_expectations
 
     rows = check_expectations(m=args.samples, groups_per_prompt=args.groups, seed=args.seed)
-    print(format_table(rows))
+    table = format_table(rows)
+    print(table)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "expectations.md").write_text(table + "\n")
+    plot_expectations(rows, args.samples, out_dir / "expectations.png")
+    print(f"wrote {out_dir / 'expectations.md'}, {out_dir / 'expectations.png'}")
     failed = [r.preset for r in rows if r.holds is False]
     if failed:
         print(f"claims that do not hold: {', '.join(failed)}", file=sys.stderr)
@@ -63,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--samples", type=int, default=4, help="M, samples per prompt (default 4)")
     check.add_argument("--groups", type=int, default=20000, help="Monte-Carlo groups per prompt")
     check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--out", default="runs/expectations", help="where the table and plot go (default runs/expectations)")
     check.set_defaults(run=_check_expectations)
     args = parser.parse_args(argv)
     return args.run(args)

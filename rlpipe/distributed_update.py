@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,10 @@ def run_update(params, round_name: str, tracker=None) -> dict:
     from rlpipe.training import update_policy
     from rlpipe.value_model import update_critic
 
+    from rlpipe.models import check_compatible
+
     prev = params.rounds[round_name].prev
+    check_compatible({"policy": paths.policy_dir(prev), "critic": paths.critic_dir(prev)})
     if params.update.nproc == 1:
         metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
                                 paths.policy_dir(round_name), tracker)
@@ -36,8 +40,13 @@ def run_update(params, round_name: str, tracker=None) -> dict:
                 values = {f"train/{k}": v for k, v in step.items() if k != "step"}
                 tracker.log_metrics(values, step=step["step"])
                 tracker.log_metrics(values, step=step["step"], to_parent=True)
-    metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),
-                                 paths.critic_dir(round_name)))
+    try:
+        metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),
+                                     paths.critic_dir(round_name)))
+    except BaseException:
+        # policy and critic are one stage's outputs: a failed critic update takes the new policy with it
+        shutil.rmtree(paths.policy_dir(round_name), ignore_errors=True)
+        raise
     return metrics
 
 

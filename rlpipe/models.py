@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from rlpipe.config import ModelConfig, TinyModelConfig
+from rlpipe.errors import PipelineError
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -64,14 +65,39 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()[:16]
 
 
-def check_compatible(path_a: str | Path, model_a, tokenizer_a, path_b: str | Path, model_b, tokenizer_b) -> None:
-    """Raise naming both paths when two models cannot score the same token ids."""
-    vocab_a = model_a.get_input_embeddings().num_embeddings
-    vocab_b = model_b.get_input_embeddings().num_embeddings
-    if vocab_a != vocab_b:
-        raise ValueError(f"vocab size differs: {path_a} has {vocab_a}, {path_b} has {vocab_b}")
-    if tokenizer_fingerprint(tokenizer_a) != tokenizer_fingerprint(tokenizer_b):
-        raise ValueError(f"tokenizers differ between {path_a} and {path_b} (vocabulary or special ids)")
+class IncompatibleCheckpointsError(PipelineError, ValueError):
+    """Two checkpoints that must score the same token ids disagree on vocabulary or tokenizer."""
+
+
+def checkpoint_signature(path: str | Path) -> tuple[int, str]:
+    """(config vocab_size, tokenizer fingerprint) of a `save_pretrained` directory, without its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(str(path))
+    return config.vocab_size, tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(path)))
+
+
+def check_compatible(checkpoints: dict[str, str | Path]) -> None:
+    """Raise naming both paths when two of the given checkpoints (role -> directory) cannot share a
+    batch of token ids: different embedding vocab size, or a different tokenizer (vocabulary or
+    special ids). Directories that hold no model (the critic-free marker) are skipped."""
+    from rlpipe import paths as layout
+
+    present = {role: Path(p) for role, p in checkpoints.items()
+               if not (Path(p) / layout.NO_CRITIC_MARKER).is_file()}
+    if len(present) < 2:
+        return
+    signatures = {role: checkpoint_signature(p) for role, p in present.items()}
+    (first, (vocab0, tok0)), *rest = signatures.items()
+    for role, (vocab, tok) in rest:
+        if vocab != vocab0:
+            raise IncompatibleCheckpointsError(
+                f"vocab size differs: {first} {present[first]} has {vocab0}, {role} {present[role]} has {vocab}; "
+                f"policy, reference and critic must share one vocabulary")
+        if tok != tok0:
+            raise IncompatibleCheckpointsError(
+                f"tokenizers differ (vocabulary or pad/bos/eos ids): {first} {present[first]} and "
+                f"{role} {present[role]}; policy, reference and critic must share one tokenizer")
 
 
 def save_policy(model, tokenizer, path: Path, optimizer=None) -> None:

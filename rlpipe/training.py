@@ -166,7 +166,8 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     under `step_metrics`, each optimizer step's (for a caller that logs them, e.g. the torchrun parent)."""
     from rlpipe.models import OPTIMIZER_FILE, load_policy, save_policy
 
-    columns = artifacts.Columns.of(artifacts.read_table(batch_path, artifacts.BATCH))
+    columns = artifacts.Columns.of(artifacts.read_round_table(
+        batch_path, artifacts.BATCH, params.rollout.samples_per_prompt, int(params.algorithm.resolve().greedy_baseline)))
     rows = [i for i, kept in enumerate(columns["kept"]) if kept]
     model, tokenizer = load_policy(policy_path, params.model.dtype)
     if params.update.gradient_checkpointing:
@@ -198,8 +199,7 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
             bar.set_postfix(loss=f"{metrics['loss']:.4f}")
     model.eval()
     seconds = time.perf_counter() - started
-    summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows),
-               "train_tokens_per_s": trained_tokens / max(seconds, 1e-9)}
+    summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows)}
     for name in steps[0] if steps else ():
         if name != "step":
             summary[f"{name}_mean"] = sum(s[name] for s in steps) / len(steps)
@@ -210,4 +210,7 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
             (tmp / paths.TRAINER_STATE).write_text(json.dumps(
                 {"round": round_name, "global_step": global_step, "summary": summary}, indent=2) + "\n")
     world.barrier()
-    return {**{f"update/{k}": v for k, v in summary.items()}, "step_metrics": steps}
+    # the speed goes to the metrics only: the checkpoint (trainer_state.json included) stays byte-identical
+    # across runs of the same params and seed
+    speed = {"train_tokens_per_s": trained_tokens / max(seconds, 1e-9)}
+    return {**{f"update/{k}": v for k, v in {**summary, **speed}.items()}, "step_metrics": steps}

@@ -41,3 +41,14 @@ def tiny_model_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
     path = tmp_path_factory.mktemp("tiny_policy")
     save_policy(tiny_model, tokenizer, path)
     return path
+
+
+@pytest.fixture(scope="session")
+def mini_run(tmp_path_factory):
+    """One real `dvc repro` of tests/params_mini.yaml in a scratch project: (root, dvc's output). Tests
+    that change the project work on a copy, or through `dvc exp run --temp`."""
+    from scratch import dvc, make_project
+
+    root = make_project(tmp_path_factory.mktemp("pipeline") / "project")
+    log = dvc(root, "repro")
+    return root, log

@@ -39,6 +39,23 @@ def test_grpo_r1_weights_prompts_by_the_exact_w(rows):
     assert rows["grpo_r1"].holds
 
 
+def test_per_prompt_weights_are_one_for_unbiased_presets(rows):
+    assert all(w == pytest.approx(1.0, abs=0.05) for w in rows["rloo"].per_prompt)
+    assert rows["grpo_r1"].per_prompt == pytest.approx(rows["grpo_r1"].detail["w_mc"], abs=1e-3)
+
+
+def test_cli_writes_table_and_plot(tmp_path, monkeypatch):
+    from rlpipe import cli
+    from rlpipe.diagnostics import expectations
+
+    fast = expectations.check_expectations
+    monkeypatch.setattr(expectations, "check_expectations", lambda **kw: fast(**{**kw, "groups_per_prompt": 2000}))
+    out = tmp_path / "expect"
+    cli.main(["check-expectations", "--out", str(out)])
+    assert (out / "expectations.md").read_text().startswith("| preset | bias | scale | cosine |")
+    assert (out / "expectations.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_exact_weight_matches_the_spec_and_the_asymptote():
     # ALGORITHMS.md: "at small M the exact weight is flatter, e.g. 1.62-1.69 at M=4"
     weights = [exact_group_norm_weight(p, 4) for p in (0.2, 0.3, 0.5, 0.7)]

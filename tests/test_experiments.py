@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from test_pipeline import dvc, make_project, ran_stages
+from scratch import dvc, make_project, ran_stages
 
 pytestmark = pytest.mark.slow
 

@@ -9,62 +9,16 @@ nothing, and an advantage-only change reruns from `advantage@r1` on while `rollo
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
-import pytest
 import yaml
 
-from conftest import REPO
-
-MINI_PARAMS = REPO / "tests" / "params_mini.yaml"
-PROJECT_FILES = ["dvc.yaml", "stages", "rlpipe", ".dvc/config", ".dvcignore"]
-
-
-def make_project(root: Path, params_file: Path = MINI_PARAMS) -> Path:
-    """A scratch git + DVC repo with the project's pipeline and the given params."""
-    root.mkdir(parents=True, exist_ok=True)
-    for name in PROJECT_FILES:
-        src, dst = REPO / name, root / name
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, dst)
-    shutil.copy(params_file, root / "params.yaml")
-    shutil.copy(REPO / ".gitignore", root / ".gitignore")
-    git = ["git", "-c", "user.name=rlpipe-test", "-c", "user.email=test@rlpipe.invalid"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
-    return root
-
-
-def dvc(root: Path, *args: str, timeout: int = 600) -> str:
-    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    out = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
-    assert out.returncode == 0, f"dvc {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-    return out.stdout + out.stderr
-
-
-def ran_stages(log: str) -> list[str]:
-    return [line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage '")]
+from scratch import dvc, ran_stages
 
 
 def stage_names(params: dict) -> list[str]:
     rounds = list(params["rounds"])
     per_round = [f"{s}@{r}" for r in rounds for s in ("rollout", "reward", "advantage", "update")]
     return ["prepare", "init", "value_pretrain", *per_round, "evaluate"]
-
-
-@pytest.fixture(scope="module")
-def mini_run(tmp_path_factory):
-    root = make_project(tmp_path_factory.mktemp("pipeline") / "project")
-    log = dvc(root, "repro")
-    return root, log
 
 
 def test_repro_runs_every_stage(mini_run):

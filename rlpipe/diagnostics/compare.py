@@ -166,6 +166,7 @@ def plot(rows: list[dict], bins: list[str], out_dir: Path) -> list[Path]:
 
     centres = [(P_BINS[i] + P_BINS[i + 1]) / 2 for i in range(len(P_BINS) - 1)]
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors[: len(rows)])
     for row in rows:
         ax.plot(centres, [row[b] for b in bins], marker="o", label=row["preset"])
     ax.set_xlabel("prompt success rate p(x) (bin centre)")

@@ -123,6 +123,8 @@ class Row:
     claim: str = ""
     holds: bool | None = None
     detail: dict = field(default_factory=dict)
+    per_prompt: list[float] = field(default_factory=list)
+    """Per prompt x, the estimate projected on grad p_x: the weight the preset gives that prompt."""
 
 
 def compare(estimate: torch.Tensor, truth: torch.Tensor) -> tuple[float, float, float]:
@@ -138,6 +140,8 @@ def check_expectations(m: int = 4, groups_per_prompt: int = 20000, seed: int = 0
     for preset in sorted(PRESETS):
         estimate, sigma = mc_gradient(preset, env, m, groups_per_prompt, seed)
         row = Row(preset, *compare(estimate, truth))
+        row.per_prompt = [float(estimate[i] @ truth[i] / (truth[i] @ truth[i])) for i in range(len(truth))]
+        row.detail["p"] = [round(float(p), 3) for p in env.p] if preset == "grpo_r1" else None
         if preset in ("reinforce", "rloo", "remax", "orz"):
             row.claim = "unbiased: scale 1, cosine 1"
             row.holds = abs(row.scale - 1) < tolerance and row.cosine > 1 - tolerance / 5
@@ -149,7 +153,7 @@ def check_expectations(m: int = 4, groups_per_prompt: int = 20000, seed: int = 0
             row.holds = abs(row.scale * sigma - 1) < tolerance and row.cosine > 1 - tolerance / 5
         elif preset == "grpo_r1":
             # the expectation for prompt x is w(p_x) grad p_x / X: project the estimate on the truth row
-            per_prompt = [float(estimate[i] @ truth[i] / (truth[i] @ truth[i])) for i in range(len(truth))]
+            per_prompt = row.per_prompt
             exact = [exact_group_norm_weight(float(p), m) for p in env.p]
             row.detail = {"p": [round(float(p), 3) for p in env.p], "w_mc": [round(float(w), 3) for w in per_prompt],
                           "w_exact": [round(w, 3) for w in exact],
@@ -158,8 +162,44 @@ def check_expectations(m: int = 4, groups_per_prompt: int = 20000, seed: int = 0
             row.claim = (f"weights prompt x by w(p_x) (exact, by enumeration), {min(exact):.2f}-{max(exact):.2f} "
                          f"across prompts: not proportional to grad J")
             row.holds = all(abs(a - b) / b < tolerance for a, b in zip(per_prompt, exact)) and spread > 1.03
+        if row.detail.get("p") is None:
+            row.detail = {}
         rows.append(row)
     return rows
+
+
+def plot_expectations(rows: list[Row], m: int, path) -> None:
+    """Left: each preset's scale against grad J (1 = unbiased). Right: the weight each preset gives a
+    prompt against its success rate p(x), with grpo_r1's exact w(p) from enumeration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = [float(v) for v in TabularEnv.default().p]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    names = [r.preset for r in rows]
+    colours = ["tab:green" if r.holds else ("tab:red" if r.holds is False else "tab:gray") for r in rows]
+    left.barh(names, [r.scale for r in rows], color=colours)
+    left.axvline(1.0, color="black", lw=0.8)
+    left.axvline((m - 1) / m, color="black", lw=0.8, ls=":")
+    left.set_xlabel("scale <g_hat, grad J> / |grad J|^2  (green: claim holds, grey: no claim)")
+    left.set_title(f"Expected gradient against the exact grad J (M = {m})")
+    order = sorted(range(len(p)), key=p.__getitem__)
+    right.set_prop_cycle(color=plt.cm.tab20.colors[: len(rows)])
+    for r in rows:
+        right.plot([p[i] for i in order], [r.per_prompt[i] for i in order], marker="o", ms=3, lw=1, label=r.preset)
+    grid = [i / 100 for i in range(2, 99)]
+    right.plot(grid, [exact_group_norm_weight(x, m) for x in grid], color="black", ls="--", lw=1,
+               label="grpo_r1 exact w(p)")
+    right.set_xlabel("prompt success rate p(x)")
+    right.set_ylabel("weight on grad p(x)")
+    right.set_title("Per-prompt weight (1 = proportional to grad J)")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def format_table(rows: list[Row]) -> str:

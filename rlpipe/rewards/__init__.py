@@ -66,7 +66,8 @@ def _load_step_tokenizer(tokenizer_path: Path):
 
 
 def score_rollouts(params: Params, rollouts_path: Path, tokenizer_path: Path, out_path: Path) -> dict:
-    table = artifacts.read_table(rollouts_path, artifacts.ROLLOUTS)
+    table = artifacts.read_round_table(rollouts_path, artifacts.ROLLOUTS, params.rollout.samples_per_prompt,
+                                       int(params.algorithm.resolve().greedy_baseline))
     columns = artifacts.Columns.of(table)
     name = params.resolved_verifier()
     verify = VERIFIERS.get(name)

@@ -16,18 +16,25 @@ from rlpipe.data import read_prompts, round_prompt_rows
 ROLLOUT_BACKENDS = Registry("rollout backend")
 
 
+# A factory takes (policy_path, rollout config, dtype) and returns a backend with `.tokenizer`, a
+# `generate` (see base.py) and `.startup_seconds`: the HF backend loads the transformers model, vLLM its
+# own engine on the directory.
 @ROLLOUT_BACKENDS.register("hf")
-def _hf_backend(model, tokenizer, cfg: RolloutConfig, model_path: str):
+def _hf_backend(policy_path: Path, cfg: RolloutConfig, dtype: str):
+    from rlpipe.models import load_policy
     from rlpipe.rollout.hf import HFBackend
 
+    model, tokenizer = load_policy(policy_path, dtype)
     return HFBackend(model, tokenizer, batch_size=cfg.batch_size)
 
 
 @ROLLOUT_BACKENDS.register("vllm")
-def _vllm_backend(model, tokenizer, cfg: RolloutConfig, model_path: str):
+def _vllm_backend(policy_path: Path, cfg: RolloutConfig, dtype: str):
+    from transformers import AutoTokenizer
+
     from rlpipe.rollout.vllm import VLLMBackend
 
-    return VLLMBackend(model_path, tokenizer, cfg)
+    return VLLMBackend(str(policy_path), AutoTokenizer.from_pretrained(str(policy_path)), cfg, dtype=dtype)
 
 
 def prompts_to_generate(params: Params) -> int:
@@ -42,7 +49,6 @@ def rollout_round(params: Params, round_name: str, policy_path: Path, train_path
     """Generate the round's rollouts artifact; returns its metrics."""
     import torch
 
-    from rlpipe.models import load_policy
     from rlpipe.rollout.base import GenerationRows, SamplingSpec
     from rlpipe.rollout.sampling import prompt_seed, prompt_uniforms
     from rlpipe.prompts import encode_prompts
@@ -51,7 +57,8 @@ def rollout_round(params: Params, round_name: str, policy_path: Path, train_path
     table = read_prompts(train_path)
     rows = round_prompt_rows(table.num_rows, prompts_to_generate(params), params.seed, round_name)
     prompts = table.take(rows).to_pydict()
-    model, tokenizer = load_policy(policy_path, params.model.dtype)
+    backend = ROLLOUT_BACKENDS.get(cfg.backend)(policy_path, cfg, params.model.dtype)
+    tokenizer = backend.tokenizer
 
     per_group = cfg.samples_per_prompt + int(algo.greedy_baseline)
     prompt_ids = encode_prompts(tokenizer, prompts["prompt"], params.data)
@@ -61,7 +68,6 @@ def rollout_round(params: Params, round_name: str, policy_path: Path, train_path
     seeds = [prompt_seed(params.seed, stream, pid) for pid in prompts["prompt_id"] for _ in range(per_group)]
     greedy = torch.tensor([algo.greedy_baseline and k == cfg.samples_per_prompt
                            for _ in prompts["prompt_id"] for k in range(per_group)])
-    backend = ROLLOUT_BACKENDS.get(cfg.backend)(model, tokenizer, cfg, str(policy_path))
     spec = SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
     out = backend.generate(GenerationRows(row_prompt_ids, uniforms, greedy, seeds), spec, desc=f"rollout {round_name}")
 
@@ -94,4 +100,5 @@ def rollout_round(params: Params, round_name: str, policy_path: Path, train_path
         "rollout/generated_tokens": out.generated_tokens,
         "rollout/tokens_per_s": out.generated_tokens / max(out.seconds, 1e-9),
         "rollout/generate_seconds": out.seconds,
+        "rollout/engine_startup_seconds": backend.startup_seconds,
     }

