@@ -21,11 +21,11 @@ def test_grpo_process_on_the_chain_task(tmp_path):
     batch = pq.read_table(root / "runs/rounds/r1/batch.parquet").to_pydict()
     kept = [i for i, k in enumerate(batch["kept"]) if k]
     assert kept
-    # the chain verifier scores each partial sum: a response has up to chain_terms - 1 = 2 steps, each
-    # step end inside its response, and step rewards in {0, 1}
+    # the chain verifier scores each partial sum written: chain_terms - 1 = 2 are expected (extra steps
+    # earn 0), each step end inside its response, step rewards in {0, 1}
     for i in kept:
         ends, rewards = batch["step_ends"][i], batch["step_rewards"][i]
-        assert len(ends) == len(rewards) <= 2
+        assert len(ends) == len(rewards) and not any(rewards[2:])
         assert all(0 <= e < len(batch["response_ids"][i]) for e in ends)
         assert set(rewards) <= {0.0, 1.0}
     assert any(len(batch["step_ends"][i]) == 2 for i in kept)
