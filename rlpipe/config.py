@@ -384,7 +384,24 @@ class Params(Section):
                 raise KeyedError(f"rounds.{name}.prev", f"must be {want!r}, got {round_cfg.prev!r}")
         if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
             raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
+        self._warn_if_answers_truncated()
         return self
+
+    def _warn_if_answers_truncated(self) -> None:
+        """The embedded char tokenizer writes one token per character: a synthetic task whose answers
+        (plus eos) exceed rollout.max_new_tokens would be truncated, and score (almost) nothing."""
+        if self.data.source != "synthetic" or self.model.path is not None:
+            return
+        from rlpipe.tasks import longest_answer_chars
+
+        needed = longest_answer_chars(self.data.task, self.data.digits, self.data.chain_terms) + 1
+        if self.rollout.max_new_tokens < needed:
+            import warnings
+
+            warnings.warn(f"rollout.max_new_tokens = {self.rollout.max_new_tokens} is shorter than the longest "
+                          f"{self.data.task!r} answer with {self.data.digits}-digit operands ({needed} tokens with "
+                          f"eos): those responses will be truncated; set rollout.max_new_tokens >= {needed}",
+                          stacklevel=2)
 
     # derived settings, in one place -------------------------------------------------------------
     def resolved_verifier(self) -> VerifierName:

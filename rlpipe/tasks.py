@@ -42,6 +42,15 @@ def chain_example(rng: random.Random, digits: int, terms: int) -> Example:
     return Example(prompt="+".join(map(str, numbers)) + "=", answer=str(partial_sums[-1]), meta=steps)
 
 
+def longest_answer_chars(task: str, digits: int, chain_terms: int) -> int:
+    """Characters of the longest correct response the synthetic task can ask for (eos not counted)."""
+    top = 10**digits - 1
+    if task == "addition":
+        return len(str(2 * top))
+    sums = [k * top for k in range(2, chain_terms + 1)]
+    return sum(len(str(v)) for v in sums) + len(STEP_SEPARATOR) * (len(sums) - 1)
+
+
 def generate_split(task: str, seed: int, count: int, digits: int, chain_terms: int,
                    exclude: frozenset[str] = frozenset()) -> list[Example]:
     """`count` distinct examples whose prompts are not in `exclude` (the other split), seeded."""

@@ -45,3 +45,15 @@ def test_bad_params_name_the_key(patch, key):
     with pytest.raises(ParamsError) as err:
         params_from_dict(patch)
     assert f"  {key}: " in str(err.value)
+
+
+def test_truncating_max_new_tokens_warns_with_the_key():
+    import warnings
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        params_from_dict(raw)  # the embedded default fits its answers
+    raw["data"]["task"] = "chain"  # "99+99+99=" -> "198,297": 7 characters + eos
+    with pytest.warns(UserWarning, match=r"rollout.max_new_tokens = 6 .* set rollout.max_new_tokens >= 8"):
+        params_from_dict(raw)
