@@ -22,10 +22,9 @@ from rlpipe.errors import PipelineError
 
 def run_update(params, round_name: str, tracker=None) -> dict:
     """Policy (and critic) update of one round: in process, or under torchrun when update.nproc > 1."""
+    from rlpipe.models import check_compatible
     from rlpipe.training import update_policy
     from rlpipe.value_model import update_critic
-
-    from rlpipe.models import check_compatible
 
     prev = params.rounds[round_name].prev
     check_compatible({"policy": paths.policy_dir(prev), "critic": paths.critic_dir(prev)})

@@ -141,7 +141,6 @@ def check_expectations(m: int = 4, groups_per_prompt: int = 20000, seed: int = 0
         estimate, sigma = mc_gradient(preset, env, m, groups_per_prompt, seed)
         row = Row(preset, *compare(estimate, truth))
         row.per_prompt = [float(estimate[i] @ truth[i] / (truth[i] @ truth[i])) for i in range(len(truth))]
-        row.detail["p"] = [round(float(p), 3) for p in env.p] if preset == "grpo_r1" else None
         if preset in ("reinforce", "rloo", "remax", "orz"):
             row.claim = "unbiased: scale 1, cosine 1"
             row.holds = abs(row.scale - 1) < tolerance and row.cosine > 1 - tolerance / 5
@@ -153,17 +152,14 @@ def check_expectations(m: int = 4, groups_per_prompt: int = 20000, seed: int = 0
             row.holds = abs(row.scale * sigma - 1) < tolerance and row.cosine > 1 - tolerance / 5
         elif preset == "grpo_r1":
             # the expectation for prompt x is w(p_x) grad p_x / X: project the estimate on the truth row
-            per_prompt = row.per_prompt
             exact = [exact_group_norm_weight(float(p), m) for p in env.p]
-            row.detail = {"p": [round(float(p), 3) for p in env.p], "w_mc": [round(float(w), 3) for w in per_prompt],
+            row.detail = {"p": [round(float(p), 3) for p in env.p], "w_mc": [round(float(w), 3) for w in row.per_prompt],
                           "w_exact": [round(w, 3) for w in exact],
                           "w_asymptotic": [round(asymptotic_grpo_r1_weight(float(p), m), 3) for p in env.p]}
             spread = max(exact) / min(exact)
             row.claim = (f"weights prompt x by w(p_x) (exact, by enumeration), {min(exact):.2f}-{max(exact):.2f} "
                          f"across prompts: not proportional to grad J")
-            row.holds = all(abs(a - b) / b < tolerance for a, b in zip(per_prompt, exact)) and spread > 1.03
-        if row.detail.get("p") is None:
-            row.detail = {}
+            row.holds = all(abs(a - b) / b < tolerance for a, b in zip(row.per_prompt, exact)) and spread > 1.03
         rows.append(row)
     return rows
 
