@@ -2,8 +2,8 @@
 
 The stage process stays the one DVC and MLflow see: it launches
 `torchrun --standalone --nproc_per_node N -m rlpipe.distributed_update ROUND RESULT`, every rank runs
-`update_policy` with its share of each minibatch's groups, rank 0 writes the checkpoint, updates the
-critic, and writes the metrics to RESULT, which the stage then logs.
+`update_policy` and then the critic update with its share of each minibatch's groups, rank 0 writes both
+checkpoints and the metrics to RESULT, which the stage then logs.
 """
 
 from __future__ import annotations
@@ -28,24 +28,24 @@ def run_update(params, round_name: str, tracker=None) -> dict:
 
     prev = params.rounds[round_name].prev
     check_compatible({"policy": paths.policy_dir(prev), "critic": paths.critic_dir(prev)})
-    if params.update.nproc == 1:
-        metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
-                                paths.policy_dir(round_name), tracker)
-        metrics.pop("step_metrics")
-    else:
-        metrics = launch(params, round_name)
-        for step in metrics.pop("step_metrics"):
-            if tracker is not None:
-                values = {f"train/{k}": v for k, v in step.items() if k != "step"}
-                tracker.log_metrics(values, step=step["step"])
-                tracker.log_metrics(values, step=step["step"], to_parent=True)
     try:
-        metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),
-                                     paths.critic_dir(round_name)))
+        if params.update.nproc == 1:
+            metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
+                                    paths.policy_dir(round_name), tracker)
+            metrics.pop("step_metrics")
+            metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),
+                                         paths.critic_dir(round_name)))
+        else:
+            metrics = launch(params, round_name)
     except BaseException:
         # policy and critic are one stage's outputs: a failed critic update takes the new policy with it
         shutil.rmtree(paths.policy_dir(round_name), ignore_errors=True)
         raise
+    for step in metrics.pop("step_metrics", []):
+        if tracker is not None:
+            values = {f"train/{k}": v for k, v in step.items() if k != "step"}
+            tracker.log_metrics(values, step=step["step"])
+            tracker.log_metrics(values, step=step["step"], to_parent=True)
     return metrics
 
 
@@ -68,6 +68,7 @@ def main() -> int:
     from rlpipe.config import load_params
     from rlpipe.distributed import init_world
     from rlpipe.training import update_policy
+    from rlpipe.value_model import update_critic
 
     round_name, result = sys.argv[1], Path(sys.argv[2])
     params = load_params()
@@ -76,6 +77,8 @@ def main() -> int:
     prev = params.rounds[round_name].prev
     metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
                             paths.policy_dir(round_name), world=world)
+    metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),
+                                 paths.critic_dir(round_name), world))
     if world.is_main:
         result.write_text(json.dumps(metrics))
     torch.distributed.destroy_process_group()

@@ -73,11 +73,16 @@ def explained_variance(values, returns, mask) -> float:
     return float(1 - (g - v).var(unbiased=False) / var) if var > 0 else float("nan")
 
 
-def update_critic(params: Params, round_name: str, batch_path: Path, critic_prev: Path, out_dir: Path) -> dict:
-    """Fit the critic to the batch's returns with the clipped value loss; critic-free: the marker."""
+def update_critic(params: Params, round_name: str, batch_path: Path, critic_prev: Path, out_dir: Path,
+                  world=None) -> dict:
+    """Fit the critic to the batch's returns with the clipped value loss; critic-free: the marker.
+    `world` is the torchrun world when every rank takes part (rank 0 writes)."""
+    from rlpipe.distributed import World
+
+    world = world or World()
     spec = params.algorithm.resolve()
     if not spec.needs_critic:
-        return write_no_critic_marker(out_dir, params.algorithm.preset)
+        return write_no_critic_marker(out_dir, params.algorithm.preset) if world.is_main else {"value/critic": 0}
     from rlpipe.critic_training import train_critic
 
-    return train_critic(params, round_name, batch_path, critic_prev, out_dir)
+    return train_critic(params, round_name, batch_path, critic_prev, out_dir, world)

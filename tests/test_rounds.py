@@ -49,8 +49,9 @@ def workspace(tmp_path_factory):
     os.chdir(old)
 
 
-def run_round(root: Path, params, monkeypatch) -> Path:
-    """Run round r1 of `params` in a fresh copy of the workspace; returns that copy."""
+def run_round(root: Path, params, monkeypatch, name: str | None = None) -> Path:
+    """Run round r1 of `params` in a fresh copy of the workspace (`name`, default the preset); returns
+    that copy. The params are also written to its params.yaml, which torchrun's ranks read."""
     import shutil
 
     from rlpipe.advantage import build_batch
@@ -60,10 +61,12 @@ def run_round(root: Path, params, monkeypatch) -> Path:
     from rlpipe.value_model import write_no_critic_marker
     from rlpipe.value_pretrain import pretrain_critic
 
-    work = root / params.algorithm.preset
+    work = root / (name or params.algorithm.preset)
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(root / "runs", work / "runs")
+    (work / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
     monkeypatch.chdir(work)
+    torch.manual_seed(params.seed)  # as each stage process does: the value head's init draws from it
     if params.algorithm.resolve().needs_critic:
         pretrain_critic(params, paths.policy_dir("r0"), paths.TRAIN, paths.critic_dir("r0"))
     else:
@@ -147,3 +150,25 @@ def test_critic_free_presets_never_load_a_value_model(workspace, monkeypatch):
     assert loads == []
     run_round(workspace, mini_params(**{"algorithm.preset": "ppo"}), monkeypatch)
     assert len(loads) >= 3  # pretraining, values in advantage, the critic update
+
+
+def test_torchrun_update_of_policy_and_critic_matches_one_process(workspace, monkeypatch):
+    """update.nproc = 2 through the stage's torchrun launch: both ranks train policy and critic, rank 0
+    writes both with their optimizer states, and the weights equal the single process's up to float
+    summation order."""
+    from safetensors.torch import load_file
+
+    base = {"algorithm.preset": "ppo", "runtime.torch_threads": 2}
+    one = run_round(workspace, mini_params(**base), monkeypatch, name="ppo-nproc1")
+    two = run_round(workspace, mini_params(**base, **{"update.nproc": 2}), monkeypatch, name="ppo-nproc2")
+    for directory, optimizer in ((paths.policy_dir("r1"), "optimizer.pt"),
+                                 (paths.critic_dir("r1"), "critic_optimizer.pt")):
+        assert (two / directory / optimizer).is_file()
+        start = load_file(one / directory.parent / "r0" / "model.safetensors")
+        a, b = load_file(one / directory / "model.safetensors"), load_file(two / directory / "model.safetensors")
+        assert sorted(a) == sorted(b) and any(not torch.equal(a[k], start[k]) for k in a), directory
+        worst = max((a[k] - b[k]).abs().max().item() for k in a)
+        assert worst < 1e-5, f"{directory}: weights differ by {worst}"
+    state_one = json.loads((one / paths.critic_dir("r1") / paths.TRAINER_STATE).read_text())
+    state_two = json.loads((two / paths.critic_dir("r1") / paths.TRAINER_STATE).read_text())
+    assert state_two["value/value_loss_mean"] == pytest.approx(state_one["value/value_loss_mean"], rel=1e-4)

@@ -1,5 +1,6 @@
 """Run by tests/test_torchrun.py, under torchrun or alone: one micro-batched update step of the tiny
-model on a fixed ragged minibatch; writes the summed gradient (rank 0) to the path in argv[1]."""
+policy, and one of a tiny critic, on a fixed ragged minibatch; writes the summed gradients (rank 0) to
+the path in argv[1]."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def minibatch_columns(groups: int = 6, samples: int = 3, seed: int = 0):
 
     rng = random.Random(seed)
     cols = {k: [] for k in ("group", "prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "advantages",
-                            "correct", "finish_reason")}
+                            "correct", "finish_reason", "returns", "values")}
     for g in range(groups):
         prompt = [1] + [rng.randrange(4, 14) for _ in range(rng.randrange(3, 7))]
         for _ in range(samples):
@@ -27,6 +28,8 @@ def minibatch_columns(groups: int = 6, samples: int = 3, seed: int = 0):
             cols["advantages"].append([rng.uniform(-1, 1)] * n)
             cols["correct"].append(rng.random() < 0.5)
             cols["finish_reason"].append("stop" if rng.random() < 0.7 else "length")
+            cols["returns"].append([rng.uniform(0, 1) for _ in range(n)])
+            cols["values"].append([rng.uniform(0, 1) for _ in range(n)])
     return artifacts.Columns(cols)
 
 
@@ -38,7 +41,7 @@ def gradient(loss_agg: str, world) -> torch.Tensor:
     from rlpipe.training import Minibatch, train_step
 
     params = params_from_dict({"algorithm": {"preset": "grpo", "loss_agg": loss_agg},
-                               "update": {"micro_batch_tokens": 24}, "rollout": {"max_new_tokens": 6}})
+                               "update": {"micro_batch_tokens": 24, "max_grad_norm": 1e9}, "rollout": {"max_new_tokens": 6}})
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(TinyModelConfig(layers=2, hidden=32, heads=2, intermediate=64), tokenizer, seed=0)
     model = wrap_model(model, "ddp", world)
@@ -50,12 +53,39 @@ def gradient(loss_agg: str, world) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in unwrap(model).parameters()])
 
 
+def critic_gradient(world, tmp: str) -> torch.Tensor:
+    from rlpipe.config import TinyModelConfig, params_from_dict
+    from rlpipe.critic_training import batch_targets, value_step
+    from rlpipe.distributed import unwrap, wrap_model
+    from rlpipe.models import build_tiny_model
+    from rlpipe.tokenizer import build_char_tokenizer
+    from rlpipe.value_model import load_critic
+
+    params = params_from_dict({"algorithm": {"preset": "ppo"}, "update": {"micro_batch_tokens": 24, "max_grad_norm": 1e9},
+                               "value": {"clip_range": 0.2}})
+    tokenizer = build_char_tokenizer()
+    if world.is_main:
+        build_tiny_model(TinyModelConfig(layers=2, hidden=32, heads=2, intermediate=64), tokenizer, seed=0
+                         ).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    world.barrier()
+    torch.manual_seed(0)
+    critic = wrap_model(load_critic(tmp, from_policy=True)[0], "ddp", world)
+    optimizer = torch.optim.SGD(critic.parameters(), lr=0.0)
+    columns = minibatch_columns()
+    groups = sorted(set(columns["group"]))
+    mine = [i for i, g in enumerate(columns["group"]) if g in set(world.shard(groups))]
+    value_step(critic, optimizer, batch_targets(columns, mine), params, tokenizer.pad_token_id, "test", world)
+    return torch.cat([p.grad.flatten() for p in unwrap(critic).parameters()])
+
+
 def main() -> int:
     from rlpipe.distributed import init_world
 
     torch.set_num_threads(1)
     world = init_world()
     grads = {mode: gradient(mode, world) for mode in ("token-mean", "seq-mean-token-mean")}
+    grads["critic"] = critic_gradient(world, sys.argv[2])
     if world.is_main:
         torch.save(grads, sys.argv[1])
     if world.distributed:
