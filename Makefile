@@ -47,8 +47,10 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	. $(VLLM_VENV)/bin/activate && python -m pytest -q -m vllm
 
+# BENCH picks benchmarks by letter (make bench BENCH="a d"); default all. TRL comes with the bench extra.
 bench: setup
-	$(ACTIVATE) python -m benchmarks
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(ACTIVATE) python -m benchmarks $(BENCH)
 
 clean:
 	rm -rf runs mlruns mlflow.db

@@ -1,24 +1,33 @@
-"""`python -m benchmarks` (or `make bench`): the benchmark suite, printed as Markdown tables.
+"""`python -m benchmarks [a b c d e]` (or `make bench`): the benchmark suite, printed as Markdown tables.
 
 Each figure is a ratio against a baseline measured in the same run; see BENCHMARKS.md for results.
+Letters pick benchmarks (default: all; `e`, wall time to a pass@1 target against TRL, takes 10-25
+minutes on 2 cores). vLLM's runs only where vllm is installed (`.venv-vllm`, see `make test-vllm`).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import importlib.util
 import sys
 
+BENCHMARKS = {"a": "advantage_math", "b": "stage_overhead", "c": "rollout_speed", "d": "update_speed",
+              "e": "wall_to_target"}
+
 
 def main() -> int:
-    from benchmarks import advantage_math, rollout_speed, stage_overhead, update_speed
-
-    modules = [advantage_math, rollout_speed, update_speed, stage_overhead]
-    if importlib.util.find_spec("vllm") is not None:  # in .venv-vllm only (see `make test-vllm`)
-        from benchmarks import vllm_speed
-
-        modules.append(vllm_speed)
-    for module in modules:
-        print(module.run(), flush=True)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", nargs="*", help=f"benchmarks to run, of {' '.join(BENCHMARKS)} (default: all)")
+    letters = parser.parse_args().which or list(BENCHMARKS)
+    unknown = [letter for letter in letters if letter not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark {' '.join(unknown)}; choose from {' '.join(BENCHMARKS)}")
+    modules = [BENCHMARKS[letter] for letter in letters]
+    if "c" in letters and importlib.util.find_spec("vllm") is not None:
+        modules.append("vllm_speed")
+    for name in modules:
+        print(importlib.import_module(f"benchmarks.{name}").run(), flush=True)
     return 0
 
 

@@ -78,8 +78,20 @@ def group_sum(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) 
 
 
 def masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """x on valid positions, exactly 0 elsewhere, whatever (even inf) the padding holds."""
+    """x on valid positions, exactly 0 elsewhere, whatever (even inf) the padding holds. x may be a
+    (B, 1) column: it is broadcast, with no (B, T) temporary."""
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def zero_padding_(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`masked` in place, for a (B, T) buffer this module just allocated: one pass, no new tensor.
+    (On these sizes every fresh (B, T) tensor costs about as much as a pass over it, in page faults.)"""
+    return x.masked_fill_(~mask, 0)
+
+
+def zeros(batch: AdvantageBatch) -> torch.Tensor:
+    """(B, T) zeros in the rewards' dtype (without first materialising `batch.mask`)."""
+    return batch.rewards.new_zeros(batch.response_mask.shape)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, ddof: int, eps: float) -> torch.Tensor:
@@ -89,24 +101,33 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, ddof: int, eps: float) ->
         return torch.zeros_like(x)
     mean = valid.mean()
     std = valid.var(correction=ddof).sqrt() if valid.numel() > ddof else valid.new_zeros(())
-    return masked((x - mean) / (std + eps), mask)
+    return zero_padding_((x - mean).div_(std + eps), mask)
 
 
 def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
     """y_t = sum_{t' >= t} x_t' along the last dim. (B, T)."""
-    return x.flip(-1).cumsum(-1).flip(-1)
+    return x.flip(-1).cumsum_(-1).flip(-1)
 
 
 def masked_kl(batch: AdvantageBatch) -> torch.Tensor:
     """(B, T) per-token KL, 0 at padding; all 0 when no KL is folded into the reward."""
     if batch.kl is None:
-        return torch.zeros_like(batch.mask)
-    return masked(batch.kl.to(batch.mask.dtype), batch.response_mask)
+        return zeros(batch)
+    return masked(batch.kl.to(batch.rewards.dtype), batch.response_mask)
 
 
 def broadcast(per_response: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
     """(B,) -> (B, T), the same value on every valid token."""
-    return masked(per_response.unsqueeze(1).expand_as(batch.mask), batch.response_mask)
+    return masked(per_response.unsqueeze(1), batch.response_mask)
+
+
+def minus_kl_to_go(baseline_free: torch.Tensor, batch: AdvantageBatch, kl_beta: float) -> torch.Tensor:
+    """(B,) c_b -> (B, T) c_b - beta sum_{t' >= t} kl_bt' on valid tokens, 0 elsewhere; built in the
+    reverse-cumsum buffer, so one (B, T) tensor in all."""
+    if batch.kl is None:
+        return broadcast(baseline_free, batch)
+    to_go = reverse_cumsum(masked_kl(batch))
+    return zero_padding_(to_go.mul_(-kl_beta).add_(baseline_free.unsqueeze(1)), batch.response_mask)
 
 
 def adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -126,8 +147,7 @@ def reinforce(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
 @ADVANTAGE_ESTIMATORS.register("reinforce_kl_to_go")
 def reinforce_kl_to_go(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
     """A_bt = r_b - beta sum_{t' >= t} kl_bt' (the "KL trick": KL reward-to-go)."""
-    to_go = reverse_cumsum(masked_kl(batch))
-    return AdvantageResult(masked(batch.rewards.unsqueeze(1) - hp.kl_beta * to_go, batch.response_mask))
+    return AdvantageResult(minus_kl_to_go(batch.rewards, batch, hp.kl_beta))
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
@@ -154,9 +174,8 @@ def remax(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
     """ReMax (Li 2023): A_bt = r_b - r(x, y_greedy) - beta sum_{t' >= t} kl_bt'."""
     if batch.baseline_rewards is None:
         raise ValueError("remax needs baseline_rewards: the reward of each prompt's greedy sample")
-    to_go = reverse_cumsum(masked_kl(batch))
-    centred = (batch.rewards - batch.baseline_rewards.to(batch.rewards.dtype)).unsqueeze(1)
-    return AdvantageResult(masked(centred - hp.kl_beta * to_go, batch.response_mask))
+    centred = batch.rewards - batch.baseline_rewards.to(batch.rewards.dtype)
+    return AdvantageResult(minus_kl_to_go(centred, batch, hp.kl_beta))
 
 
 def _gae(deltas: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
@@ -191,18 +210,25 @@ def gae(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:
     """
     if batch.values is None:
         raise ValueError("gae needs values: the critic's V(s_t) on the batch")
-    mask, valid = batch.mask, batch.response_mask
-    values = masked(batch.values.to(mask.dtype), valid)
-    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)  # V_{T_b} = 0: masked
+    valid, rewards = batch.response_mask, batch.rewards
+    values = masked(batch.values.to(rewards.dtype), valid)
+    # deltas, in one buffer: gamma V_{t+1} - V_t - beta kl_t, plus r_b on the last valid token
+    deltas = torch.empty_like(values)
+    deltas[:, :-1] = values[:, 1:]
+    deltas[:, -1:] = 0  # V_{T_b} = 0: beyond a row's last token, values are already masked to 0
+    deltas.mul_(hp.gamma).sub_(values)
+    if batch.kl is not None:
+        deltas.sub_(batch.kl.to(rewards.dtype), alpha=hp.kl_beta)
+    rows = torch.arange(len(rewards), device=rewards.device)
     last = (valid.sum(dim=1) - 1).clamp(min=0)
-    terminal = torch.zeros_like(mask).scatter_(1, last.unsqueeze(1), 1.0) * mask
-    deltas = masked(terminal * batch.rewards.unsqueeze(1) - hp.kl_beta * masked_kl(batch)
-                    + hp.gamma * next_values - values, valid)
-    lam, critic_lam = _per_response(hp.lam, mask), _per_response(hp.lambda_critic, mask)
-    advantages = masked(_gae(deltas, hp.gamma * lam), valid)
+    deltas.index_put_((rows, last), rewards, accumulate=True)  # an empty row's slot is zeroed next
+    # exactly 0 on padding (whatever inf the kl held there), so the recursion below leaves 0 there too
+    zero_padding_(deltas, valid)
+    lam, critic_lam = _per_response(hp.lam, values), _per_response(hp.lambda_critic, values)
+    advantages = _gae(deltas, hp.gamma * lam)
     same_lambda = torch.equal(critic_lam, lam)  # the common case: one pass serves both
-    critic_advantages = advantages if same_lambda else masked(_gae(deltas, hp.gamma * critic_lam), valid)
-    return AdvantageResult(advantages, masked(critic_advantages + values, valid))
+    critic_advantages = advantages if same_lambda else _gae(deltas, hp.gamma * critic_lam)
+    return AdvantageResult(advantages, critic_advantages + values)
 
 
 @ADVANTAGE_ESTIMATORS.register("group_norm")
@@ -236,9 +262,9 @@ def group_process(batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult
     normalised = torch.zeros_like(rho)
     normalised[step_mask] = (pooled - mean) / (std + hp.eps)
     # padded steps add 0 wherever their (garbage) end points; the clamp only keeps the index in range
-    ends = batch.step_ends.clamp(0, batch.mask.shape[1] - 1)
-    at_step_end = torch.zeros_like(batch.mask).scatter_add_(1, ends, normalised)
-    return AdvantageResult(masked(reverse_cumsum(at_step_end), batch.response_mask))
+    ends = batch.step_ends.clamp(0, batch.response_mask.shape[1] - 1)
+    at_step_end = zeros(batch).scatter_add_(1, ends, normalised)
+    return AdvantageResult(zero_padding_(reverse_cumsum(at_step_end), batch.response_mask))
 
 
 def compute_advantages(name: str, batch: AdvantageBatch, hp: AdvantageParams) -> AdvantageResult:

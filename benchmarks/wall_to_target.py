@@ -1,0 +1,212 @@
+"""(e) Wall seconds from the same warm start to a greedy pass@1 target on the embedded task, against
+TRL's GRPOTrainer end to end (generation, reward, reference and old log-probs, update).
+
+Both sides start from the same `runs/policy/r0` (the embedded SFT warm start, built once by `dvc repro
+init` in a scratch project and not timed) and train on the same train split with the same schedule:
+per "round" 2,048 prompts x 8 samples, 32 optimizer steps of 64 prompts x 8, AdamW at the same lr, the
+grpo loss (k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens.
+
+- rlpipe: the real pipeline, `dvc repro update@rK` round after round in the scratch project (every stage
+  a process, DVC in between), with value_pretrain's marker counted too.
+- TRL: `GRPOTrainer.train()` in this process, from building the trainer (it loads the policy and the
+  reference model) on; `steps_per_generation` = 32 gives it the same 16,384-sample generations.
+
+After every round, each side's policy is scored with rlpipe's own evaluator (greedy pass@1 on the first
+`eval.max_prompts` test prompts, the figure `dvc repro` reports); the clock is paused meanwhile. The
+figure is ours / TRL's wall seconds to the first round at or above the target. Target: <= 0.5x.
+Needs the `bench` extra (trl). Takes 10-25 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from benchmarks.common import table
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT_FILES = ["dvc.yaml", "stages", "rlpipe", ".dvc/config", ".dvcignore", ".gitignore"]
+STEPS_PER_ROUND = 32  # 2,048 prompts per round / 64 prompts per minibatch, as in params.yaml
+
+
+def scratch_project(root: Path, rounds: int) -> Path:
+    """A git + DVC repo with the pipeline and the embedded params, `rounds` rounds, tracking off (TRL's
+    side reports nowhere either)."""
+    root.mkdir(parents=True)
+    for name in PROJECT_FILES:
+        src, dst = REPO / name, root / name
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["tracking"]["enabled"] = False
+    raw["rounds"] = {f"r{k}": {"prev": f"r{k - 1}"} for k in range(1, rounds + 1)}
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    git = ["git", "-c", "user.name=rlpipe-bench", "-c", "user.email=bench@rlpipe.invalid"]
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
+    return root
+
+
+def dvc_repro(root: Path, target: str) -> None:
+    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
+    out = subprocess.run(["dvc", "repro", target], cwd=root, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"dvc repro {target} failed in {root}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+class Clock:
+    """Wall seconds with pauses: evaluation is not part of either side's time."""
+
+    def __init__(self):
+        self.start, self.paused = time.perf_counter(), 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start - self.paused
+
+    def pause(self, fn):
+        began = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.paused += time.perf_counter() - began
+
+
+def greedy_pass_at_1(evaluator, model, tokenizer) -> float:
+    was_training = model.training
+    model.eval()
+    try:
+        return evaluator.greedy_pass_at_1(model, tokenizer)
+    finally:
+        model.train(was_training)
+
+
+def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> list[tuple[int, float, float]]:
+    from rlpipe import paths
+
+    curve, clock = [], Clock()
+    dvc_repro(root, "value_pretrain")
+    for k in range(1, max_rounds + 1):
+        dvc_repro(root, f"update@r{k}")
+        seconds = clock.elapsed()
+
+        policy = root / paths.policy_dir(f"r{k}")
+        curve.append((k, seconds, clock.pause(lambda: greedy_pass_at_1(evaluator, *_load(policy, params)))))
+        print(f"  rlpipe r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
+        if curve[-1][2] >= target:
+            break
+    return curve
+
+
+def run_trl(root: Path, params, evaluator, target: float, max_rounds: int) -> list[tuple[int, float, float]]:
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlpipe import paths
+    from rlpipe.rewards import VERIFIERS
+
+    warm_start = root / paths.policy_dir("r0")
+    train = pq.read_table(root / paths.TRAIN).select(["prompt", "answer", "meta"]).to_pydict()
+    verify = VERIFIERS.get(params.resolved_verifier())
+
+    def reward(completions, answer, meta, **_):
+        return [v.reward for v in verify(completions, answer, meta)]
+
+    cfg, update, algo = params.rollout, params.update, params.algorithm
+    assert cfg.prompts_per_round // update.minibatch_prompts == STEPS_PER_ROUND and algo.preset == "grpo"
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-"), per_device_train_batch_size=update.minibatch_prompts * cfg.samples_per_prompt,
+        num_generations=cfg.samples_per_prompt, steps_per_generation=STEPS_PER_ROUND, max_steps=STEPS_PER_ROUND * max_rounds,
+        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+        learning_rate=update.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=update.weight_decay,
+        adam_beta1=update.adam_beta1, adam_beta2=update.adam_beta2, max_grad_norm=update.max_grad_norm,
+        beta=0.04, epsilon=0.2, loss_type="grpo", use_cpu=True, report_to=[], logging_steps=STEPS_PER_ROUND,
+        save_strategy="no", seed=params.seed, disable_tqdm=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(warm_start)
+    curve, clock = [], Clock()
+
+    class ScoreEachRound(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **_):
+            if state.global_step % STEPS_PER_ROUND:
+                return
+            seconds, k = clock.elapsed(), state.global_step // STEPS_PER_ROUND
+            curve.append((k, seconds, clock.pause(lambda: greedy_pass_at_1(evaluator, model, tokenizer))))
+            print(f"  TRL    r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
+            control.should_training_stop = curve[-1][2] >= target
+
+    trainer = GRPOTrainer(model=str(warm_start), reward_funcs=[reward], args=args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_dict(train), callbacks=[ScoreEachRound()])
+    trainer.train()
+    return curve
+
+
+def time_to(curve: list[tuple[int, float, float]], target: float) -> tuple[int, float] | None:
+    return next(((k, s) for k, s, p in curve if p >= target), None)
+
+
+def run(target: float = 0.6, max_rounds: int = 10, work: Path | None = None) -> str:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return "## (e) wall seconds to the pass@1 target against TRL\n\ntrl is not installed: `pip install -e '.[bench]'`\n"
+    import torch
+
+    from rlpipe import paths
+    from rlpipe.config import load_params
+    from rlpipe.evaluation import Evaluator
+
+    keep = work is not None  # a directory the caller named stays, for its stage metrics
+    work = Path(work or tempfile.mkdtemp(prefix="rlpipe-wall-"))
+    root = scratch_project(work / "project", max_rounds)
+    params = load_params(root / "params.yaml")
+    torch.set_num_threads(params.runtime.torch_threads)
+    dvc_repro(root, "init")  # the shared warm start: not timed
+    evaluator = Evaluator(params, root / paths.TEST)
+    start = greedy_pass_at_1(evaluator, *_load(root / paths.policy_dir("r0"), params))
+    print(f"  warm start pass@1 {start:.3f}; target {target}", flush=True)
+    ours = run_ours(root, params, evaluator, target, max_rounds)
+    theirs = run_trl(root, params, evaluator, target, max_rounds)
+    a, b = time_to(ours, target), time_to(theirs, target)
+    rows = [["rlpipe (dvc repro)", *_reached(a), " ".join(f"{p:.2f}" for _, _, p in ours), f"{ours[-1][1] / len(ours):.0f}"],
+            ["TRL GRPOTrainer", *_reached(b), " ".join(f"{p:.2f}" for _, _, p in theirs), f"{theirs[-1][1] / len(theirs):.0f}"]]
+    text = table(f"(e) wall seconds from the warm start (pass@1 {start:.3f}) to greedy pass@1 >= {target}",
+                 ["side", "rounds to target", "seconds to target", "pass@1 per round", "seconds per round"], rows)
+    if a and b:
+        text += f"\nratio rlpipe / TRL: {a[1] / b[1]:.2f}x (target <= 0.5x)\n"
+    else:
+        text += f"\nnot both reached {target} within {max_rounds} rounds: no ratio\n"
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return text
+
+
+def _load(path: Path, params):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=params.model.dtype), AutoTokenizer.from_pretrained(path)
+
+
+def _reached(hit: tuple[int, float] | None) -> list:
+    return [hit[0], hit[1]] if hit else ["not reached", "-"]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=float, default=0.6)
+    parser.add_argument("--max-rounds", type=int, default=10)
+    parser.add_argument("--work", type=Path, help="scratch directory, kept afterwards (default: a new temporary one, removed after)")
+    ns = parser.parse_args()
+    print(run(ns.target, ns.max_rounds, ns.work))
