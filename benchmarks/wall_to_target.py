@@ -31,31 +31,18 @@ import yaml
 
 from benchmarks.common import table
 
-REPO = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ["dvc.yaml", "stages", "rlpipe", ".dvc/config", ".dvcignore", ".gitignore"]
 STEPS_PER_ROUND = 32  # 2,048 prompts per round / 64 prompts per minibatch, as in params.yaml
 
 
 def scratch_project(root: Path, rounds: int) -> Path:
-    """A git + DVC repo with the pipeline and the embedded params, `rounds` rounds, tracking off (TRL's
-    side reports nowhere either)."""
-    root.mkdir(parents=True)
-    for name in PROJECT_FILES:
-        src, dst = REPO / name, root / name
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, dst)
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    """The pipeline with the embedded params, `rounds` rounds, tracking off (TRL's side reports nowhere
+    either)."""
+    from rlpipe.scratch_project import CHECKOUT, copy_pipeline
+
+    raw = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
     raw["rounds"] = {f"r{k}": {"prev": f"r{k - 1}"} for k in range(1, rounds + 1)}
-    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    git = ["git", "-c", "user.name=rlpipe-bench", "-c", "user.email=bench@rlpipe.invalid"]
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
-    return root
+    return copy_pipeline(root, yaml.safe_dump(raw, sort_keys=False), committer="rlpipe-bench")
 
 
 def dvc_repro(root: Path, target: str) -> None:

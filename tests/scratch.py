@@ -5,33 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 from conftest import REPO
 
 MINI_PARAMS = REPO / "tests" / "params_mini.yaml"
-PROJECT_FILES = ["dvc.yaml", "stages", "rlpipe", ".dvc/config", ".dvcignore"]
 
 
 def make_project(root: Path, params_file: Path = MINI_PARAMS) -> Path:
     """A scratch git + DVC repo with the project's pipeline and the given params."""
-    root.mkdir(parents=True, exist_ok=True)
-    for name in PROJECT_FILES:
-        src, dst = REPO / name, root / name
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, dst)
-    shutil.copy(params_file, root / "params.yaml")
-    shutil.copy(REPO / ".gitignore", root / ".gitignore")
-    git = ["git", "-c", "user.name=rlpipe-test", "-c", "user.email=test@rlpipe.invalid"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
-    return root
+    from rlpipe.scratch_project import copy_pipeline
+
+    return copy_pipeline(root, params_file.read_text(), committer="rlpipe-test")
 
 
 def dvc(root: Path, *args: str, timeout: int = 600) -> str:

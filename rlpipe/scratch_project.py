@@ -1,0 +1,30 @@
+"""A copy of this checkout's pipeline as a fresh git + DVC project, for the tests and benchmarks that
+run `dvc repro` the way a user does without touching the checkout's own runs/ and params.yaml."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+PIPELINE_FILES = ("dvc.yaml", "stages", "rlpipe", ".dvc/config", ".dvcignore", ".gitignore")
+
+
+def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Path:
+    """Copy the pipeline into `root`, write `params_text` as its params.yaml, and commit it all (DVC
+    experiments need a commit to start from). Returns `root`."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in PIPELINE_FILES:
+        src, dst = CHECKOUT / name, root / name
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    (root / "params.yaml").write_text(params_text)
+    git = ["git", "-c", f"user.name={committer}", "-c", f"user.email={committer}@rlpipe.invalid"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
+    return root
