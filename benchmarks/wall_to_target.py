@@ -20,7 +20,6 @@ Needs the `bench` extra (trl). Takes 10-25 minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import tempfile
@@ -46,8 +45,9 @@ def scratch_project(root: Path, rounds: int) -> Path:
 
 
 def dvc_repro(root: Path, target: str) -> None:
-    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
-    out = subprocess.run(["dvc", "repro", target], cwd=root, env=env, capture_output=True, text=True)
+    from rlpipe.scratch_project import scratch_env
+
+    out = subprocess.run(["dvc", "repro", target], cwd=root, env=scratch_env(), capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"dvc repro {target} failed in {root}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
 
@@ -80,15 +80,15 @@ def greedy_pass_at_1(evaluator, model, tokenizer) -> float:
 
 def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> list[tuple[int, float, float]]:
     from rlpipe import paths
+    from rlpipe.models import load_policy
 
     curve, clock = [], Clock()
     dvc_repro(root, "value_pretrain")
     for k in range(1, max_rounds + 1):
         dvc_repro(root, f"update@r{k}")
         seconds = clock.elapsed()
-
         policy = root / paths.policy_dir(f"r{k}")
-        curve.append((k, seconds, clock.pause(lambda: greedy_pass_at_1(evaluator, *_load(policy, params)))))
+        curve.append((k, seconds, clock.pause(lambda: greedy_pass_at_1(evaluator, *load_policy(policy, params.model.dtype)))))
         print(f"  rlpipe r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
         if curve[-1][2] >= target:
             break
@@ -154,6 +154,7 @@ def run(target: float = 0.6, max_rounds: int = 10, work: Path | None = None) -> 
     from rlpipe import paths
     from rlpipe.config import load_params
     from rlpipe.evaluation import Evaluator
+    from rlpipe.models import load_policy
 
     keep = work is not None  # a directory the caller named stays, for its stage metrics
     work = Path(work or tempfile.mkdtemp(prefix="rlpipe-wall-"))
@@ -162,7 +163,7 @@ def run(target: float = 0.6, max_rounds: int = 10, work: Path | None = None) -> 
     torch.set_num_threads(params.runtime.torch_threads)
     dvc_repro(root, "init")  # the shared warm start: not timed
     evaluator = Evaluator(params, root / paths.TEST)
-    start = greedy_pass_at_1(evaluator, *_load(root / paths.policy_dir("r0"), params))
+    start = greedy_pass_at_1(evaluator, *load_policy(root / paths.policy_dir("r0"), params.model.dtype))
     print(f"  warm start pass@1 {start:.3f}; target {target}", flush=True)
     ours = run_ours(root, params, evaluator, target, max_rounds)
     theirs = run_trl(root, params, evaluator, target, max_rounds)
@@ -178,12 +179,6 @@ def run(target: float = 0.6, max_rounds: int = 10, work: Path | None = None) -> 
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     return text
-
-
-def _load(path: Path, params):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=params.model.dtype), AutoTokenizer.from_pretrained(path)
 
 
 def _reached(hit: tuple[int, float] | None) -> list:

@@ -3,6 +3,7 @@ run `dvc repro` the way a user does without touching the checkout's own runs/ an
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,3 +29,12 @@ def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Pa
     subprocess.run([*git, "add", "-A"], cwd=root, check=True)
     subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
     return root
+
+
+def scratch_env() -> dict[str, str]:
+    """The environment to run `dvc` or a stage in a scratch project: no progress bars, its own pipeline
+    execution (not one the caller is inside), and the project-local MLflow store rather than a server
+    the caller's shell may point at."""
+    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env

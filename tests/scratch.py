@@ -4,7 +4,6 @@ params file, and `dvc` run in it the way a user runs it (no progress bars, its o
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 from pathlib import Path
 
@@ -21,9 +20,9 @@ def make_project(root: Path, params_file: Path = MINI_PARAMS) -> Path:
 
 
 def dvc(root: Path, *args: str, timeout: int = 600) -> str:
-    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    out = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+    from rlpipe.scratch_project import scratch_env
+
+    out = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True, timeout=timeout, env=scratch_env())
     assert out.returncode == 0, f"dvc {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
     return out.stdout + out.stderr
 

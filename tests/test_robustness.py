@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from rlpipe.scratch_project import scratch_env
 from scratch import artifact_hashes, dvc, make_project, ran_stages
 
 ROUND_DIR = Path("runs/rounds/r1")
@@ -37,9 +38,8 @@ def copy_project(root: Path, dst: Path) -> Path:
 
 
 def run_stage_script(root: Path, stage: str, round_name: str = "r1") -> subprocess.CompletedProcess:
-    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
     return subprocess.run([sys.executable, f"stages/{stage}.py", round_name], cwd=root, capture_output=True,
-                          text=True, env=env, timeout=300)
+                          text=True, env=scratch_env(), timeout=300)
 
 
 def rewrite(path: Path, change) -> None:
@@ -188,8 +188,7 @@ def test_sigkill_at_random_moments_then_repro_restores_the_same_bytes(stage, min
     cache instead of rerunning the stage."""
     reference = artifact_hashes(mini_run[0])
     root = second_run
-    env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
-    env.pop("MLFLOW_TRACKING_URI", None)
+    env = scratch_env()
     command = ["dvc", "repro", "-f", "-s", stage]
     started = time.monotonic()
     subprocess.run(command, cwd=root, env=env, check=True, capture_output=True)
