@@ -91,12 +91,24 @@ def minibatches(groups: list[int], cfg: UpdateConfig, seed: int, round_name: str
             yield order[start : start + cfg.minibatch_prompts]
 
 
-def _autocast(params: Params, device: str):
+def update_autocast(params: Params, device: str):
     import contextlib
 
-    if params.update.bf16 and device != "cpu":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    if params.update.bf16:
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+# At and below this many tokens per sequence, eager attention beats SDPA for an update step on CPU
+EAGER_ATTENTION_MAX_TOKENS = 128
+
+
+def update_attention(cfg: UpdateConfig, device: str, longest_sequence: int) -> str:
+    """The attn_implementation the update runs with (see `UpdateConfig.attention`)."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    on_cpu = torch.device(device).type == "cpu"
+    return "eager" if on_cpu and longest_sequence <= EAGER_ATTENTION_MAX_TOKENS else "sdpa"
 
 
 def train_step(model, optimizer, mb: Minibatch | None, params: Params, pad_id: int, step_label: str,
@@ -121,7 +133,7 @@ def train_step(model, optimizer, mb: Minibatch | None, params: Params, pad_id: i
         chunks = token_budget_chunks([len(p) + width for p in mb.prompt_ids], cfg.micro_batch_tokens)
         for k, rows in enumerate(chunks):
             batch = pack(mb.prompt_ids[rows], mb.response_ids[rows], pad_id, response_width=width).to(world.device)
-            with no_sync(model, last=k == len(chunks) - 1), _autocast(params, world.device):
+            with no_sync(model, last=k == len(chunks) - 1), update_autocast(params, world.device):
                 logp, entropy = response_logprobs(model, batch, params.rollout.temperature, with_entropy=True)
                 loss, metrics = policy_loss(
                     spec, logp=logp, old_logp=mb.old_logp[rows].to(world.device),
@@ -170,6 +182,9 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
         batch_path, artifacts.BATCH, params.rollout.samples_per_prompt, int(params.algorithm.resolve().greedy_baseline)))
     rows = [i for i, kept in enumerate(columns["kept"]) if kept]
     model, tokenizer = load_policy(policy_path, params.model.dtype)
+    longest = max((len(columns["prompt_ids"][i]) + len(columns["response_ids"][i]) for i in rows), default=0)
+    # the kernel is not part of the saved config: the checkpoint is the same whichever runs here
+    model.set_attn_implementation(update_attention(params.update, world.device, longest))
     if params.update.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model = wrap_model(model.to(world.device), params.update.strategy, world)
