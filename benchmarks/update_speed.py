@@ -4,13 +4,16 @@ The tiny embedded model (4 x 128), one minibatch of 64 prompts x 8 responses (ra
 grpo's loss in both (TRL: loss_type "grpo", beta 0.04 with a reference model; rlpipe: the grpo preset).
 Each side does forward + backward + AdamW step on the identical batch; TRL's side goes through
 `GRPOTrainer.compute_loss`, its own loss path. Needs the `bench` extra (trl). Target: >= 1.0x.
+
+Precision and attention kernel change both sides' speed more than either loop does, so each row gives
+both sides the same ones: fp32 or bf16 autocast (TRL's default, `bf16=True`, which autocasts on CPU too),
+and SDPA (transformers' default) or eager attention. The last row is each side's defaults.
 """
 
 from __future__ import annotations
 
 import random
 import tempfile
-import time
 
 import torch
 
@@ -32,12 +35,15 @@ def batch(tokenizer, seed: int = 0):
     return rows, responses, advantages, old
 
 
-def ours(model, tokenizer, rows, responses, advantages, old):
+def ours(model, tokenizer, rows, responses, advantages, old, bf16: bool = False, attention: str = "auto"):
     from rlpipe import artifacts
     from rlpipe.config import params_from_dict
-    from rlpipe.training import Minibatch, make_optimizer, train_step
+    from rlpipe.training import Minibatch, make_optimizer, train_step, update_attention
 
-    params = params_from_dict({"algorithm": {"preset": "grpo"}, "rollout": {"max_new_tokens": MAX_NEW}})
+    params = params_from_dict({"algorithm": {"preset": "grpo"}, "rollout": {"max_new_tokens": MAX_NEW},
+                               "update": {"bf16": bf16, "attention": attention}})
+    longest = max(len(p) + len(r) for p, r in zip(rows, responses))
+    model.set_attn_implementation(update_attention(params.update, "cpu", longest))  # as update_policy does
     columns = artifacts.Columns({
         "group": [i // M for i in range(len(rows))], "prompt_ids": rows, "response_ids": responses,
         "old_logprobs": old, "ref_logprobs": old, "advantages": [[a] * len(r) for a, r in zip(advantages, responses)],
@@ -51,7 +57,7 @@ def ours(model, tokenizer, rows, responses, advantages, old):
     return step, int(mb.response_mask.sum())
 
 
-def trl_step(model, tokenizer, rows, responses, advantages, old):
+def trl_step(model, tokenizer, rows, responses, advantages, old, bf16: bool = True, attention: str | None = None):
     from pathlib import Path
 
     from datasets import Dataset
@@ -61,7 +67,8 @@ def trl_step(model, tokenizer, rows, responses, advantages, old):
 
     args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=len(rows), num_generations=M,
                       max_completion_length=MAX_NEW, beta=0.04, loss_type="grpo", use_cpu=True, report_to=[],
-                      logging_steps=10**9, save_strategy="no", learning_rate=1e-4)
+                      logging_steps=10**9, save_strategy="no", learning_rate=1e-4, bf16=bf16,
+                      model_init_kwargs={"attn_implementation": attention} if attention else None)
     # TRL builds its reference model from a path; give it the same weights on disk
     path = Path(tempfile.mkdtemp()) / "tiny"
     model.save_pretrained(path)
@@ -89,11 +96,22 @@ def trl_step(model, tokenizer, rows, responses, advantages, old):
     return step, int(completion_mask.sum())
 
 
+# (row label, rlpipe's update.bf16 and update.attention, TRL's bf16 and attn_implementation)
+SETTINGS = [
+    ("fp32, sdpa", (False, "sdpa"), (False, "sdpa")),
+    ("fp32, eager", (False, "eager"), (False, "eager")),
+    ("bf16, sdpa", (True, "sdpa"), (True, "sdpa")),
+    ("bf16, eager", (True, "eager"), (True, "eager")),
+    ("defaults: rlpipe fp32, auto (eager here); TRL bf16, sdpa", (False, "auto"), (True, None)),
+]
+
+
 def run(repeats: int = 7) -> str:
     try:
         import trl  # noqa: F401
     except ImportError:
         return "## (d) update tokens/s against TRL\n\ntrl is not installed: `pip install -e '.[bench]'`\n"
+    from benchmarks.common import paired
     from rlpipe.config import TinyModelConfig
     from rlpipe.models import build_tiny_model
     from rlpipe.tokenizer import build_char_tokenizer
@@ -101,21 +119,18 @@ def run(repeats: int = 7) -> str:
     torch.set_num_threads(2)
     tokenizer = build_char_tokenizer()
     data = batch(tokenizer)
-    model_a = build_tiny_model(TinyModelConfig(), tokenizer, seed=0).train()
-    model_b = build_tiny_model(TinyModelConfig(), tokenizer, seed=0).train()
-    step_a, tokens = ours(model_a, tokenizer, *data)
-    step_b, tokens_b = trl_step(model_b, tokenizer, *data)
-    assert tokens == tokens_b
-    step_a(), step_b()
-    ratios, ta, tb = [], [], []
-    for _ in range(repeats):
-        start = time.perf_counter(); step_a(); ta.append(time.perf_counter() - start)
-        start = time.perf_counter(); step_b(); tb.append(time.perf_counter() - start)
-        ratios.append(tb[-1] / ta[-1])
-    med = sorted(ratios)[len(ratios) // 2]
+    rows = []
+    for label, (our_bf16, our_attention), (trl_bf16, trl_attention) in SETTINGS:
+        step_a, tokens = ours(build_tiny_model(TinyModelConfig(), tokenizer, seed=0).train(), tokenizer, *data,
+                              bf16=our_bf16, attention=our_attention)
+        step_b, tokens_b = trl_step(build_tiny_model(TinyModelConfig(), tokenizer, seed=0).train(), tokenizer, *data,
+                                    bf16=trl_bf16, attention=trl_attention)
+        assert tokens == tokens_b
+        timed = paired(step_b, step_a, repeats=repeats, warmup=2)  # TRL's seconds / ours = our speed-up
+        rows.append([label, tokens / timed["b_s"], tokens / timed["a_s"], timed["ratio"], timed["ratio_min"],
+                     timed["ratio_max"]])
     return table("(d) update tokens/s: rlpipe train_step against TRL GRPOTrainer.compute_loss (+ backward, AdamW)",
-                 ["ours tok/s", "TRL tok/s", "ratio (>= 1.0)", "min", "max"],
-                 [[tokens / sorted(ta)[len(ta) // 2], tokens / sorted(tb)[len(tb) // 2], med, min(ratios), max(ratios)]])
+                 ["precision, attention", "ours tok/s", "TRL tok/s", "ratio (>= 1.0)", "min", "max"], rows)
 
 
 if __name__ == "__main__":
