@@ -4,7 +4,8 @@ TRL's GRPOTrainer end to end (generation, reward, reference and old log-probs, u
 Both sides start from the same `runs/policy/r0` (the embedded SFT warm start, built once by `dvc repro
 init` in a scratch project and not timed) and train on the same train split with the same schedule:
 per "round" 2,048 prompts x 8 samples, 32 optimizer steps of 64 prompts x 8, AdamW at the same lr, the
-grpo loss (k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens.
+grpo loss (k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens,
+and bf16 autocast in the update: TRL's default (`bf16=True`, on CPU too), so rlpipe gets `update.bf16`.
 
 - rlpipe: the real pipeline, `dvc repro update@rK` round after round in the scratch project (every stage
   a process, DVC in between), with value_pretrain's marker counted too.
@@ -35,11 +36,12 @@ STEPS_PER_ROUND = 32  # 2,048 prompts per round / 64 prompts per minibatch, as i
 
 def scratch_project(root: Path, rounds: int) -> Path:
     """The pipeline with the embedded params, `rounds` rounds, tracking off (TRL's side reports nowhere
-    either)."""
+    either), and TRL's default precision: bf16 autocast in the update."""
     from rlpipe.scratch_project import CHECKOUT, copy_pipeline
 
     raw = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
+    raw["update"]["bf16"] = True
     raw["rounds"] = {f"r{k}": {"prev": f"r{k - 1}"} for k in range(1, rounds + 1)}
     return copy_pipeline(root, yaml.safe_dump(raw, sort_keys=False), committer="rlpipe-bench")
 

@@ -117,3 +117,18 @@ def run_stage(name: str, body: Callable[[StageContext], dict], with_round: bool 
     # Written last, so that it holds the whole process time: start-up, work, and the wait for MLflow.
     metrics.update({"stage/tracking_wait_seconds": waited, "stage/process_seconds": process_age()})
     atomic_write_text(metrics_file(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    if "torch" in sys.modules:
+        exit_without_teardown()
+
+
+def exit_without_teardown() -> None:
+    """End a finished stage process without the interpreter's teardown of torch and transformers:
+    1.1-1.5 s a model stage, three times a round (measured: a load-and-forward script exits in 0.78x
+    the wall time). The atexit handlers still run (the math-verify pool closes); every artifact is
+    already written and closed."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
