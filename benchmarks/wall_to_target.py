@@ -7,8 +7,8 @@ per "round" 2,048 prompts x 8 samples, 32 optimizer steps of 64 prompts x 8, Ada
 grpo loss (k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens,
 and bf16 autocast in the update: TRL's default (`bf16=True`, on CPU too), so rlpipe gets `update.bf16`.
 
-- rlpipe: the real pipeline, `dvc repro update@rK` round after round in the scratch project (every stage
-  a process, DVC in between), with value_pretrain's marker counted too.
+- rlpipe: the real pipeline, one `dvc repro update@rN` in the scratch project (every stage a process,
+  DVC in between), with value_pretrain's marker counted too; it is frozen while a round is scored.
 - TRL: `GRPOTrainer.train()` in this process, from building the trainer (it loads the policy and the
   reference model) on; `steps_per_generation` = 32 gives it the same 16,384-sample generations.
 
@@ -21,7 +21,9 @@ Needs the `bench` extra (trl). Takes 10-25 minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -81,19 +83,42 @@ def greedy_pass_at_1(evaluator, model, tokenizer) -> float:
 
 
 def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> list[tuple[int, float, float]]:
+    """One `dvc repro update@rN`, as a user runs the pipeline. Round K is done when its update stage has
+    written its metrics file (its last act); the pipeline is then frozen (SIGSTOP to its process group)
+    while the parent scores the new checkpoint, with the clock paused, and resumed after."""
     from rlpipe import paths
     from rlpipe.models import load_policy
+    from rlpipe.scratch_project import scratch_env
 
     curve, clock = [], Clock()
-    dvc_repro(root, "value_pretrain")
-    for k in range(1, max_rounds + 1):
-        dvc_repro(root, f"update@r{k}")
-        seconds = clock.elapsed()
-        policy = root / paths.policy_dir(f"r{k}")
-        curve.append((k, seconds, clock.pause(lambda: greedy_pass_at_1(evaluator, *load_policy(policy, params.model.dtype)))))
-        print(f"  rlpipe r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
-        if curve[-1][2] >= target:
-            break
+    log = open(root / "bench-dvc-repro.log", "w")
+    repro = subprocess.Popen(["dvc", "repro", f"update@r{max_rounds}"], cwd=root, env=scratch_env(),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def score(k: int) -> float:
+        os.killpg(repro.pid, signal.SIGSTOP)
+        try:
+            return greedy_pass_at_1(evaluator, *load_policy(root / paths.policy_dir(f"r{k}"), params.model.dtype))
+        finally:
+            os.killpg(repro.pid, signal.SIGCONT)
+
+    try:
+        for k in range(1, max_rounds + 1):
+            while not (root / paths.round_metrics_path(f"r{k}", "update")).exists():
+                if repro.poll() is not None:
+                    raise RuntimeError(f"dvc repro stopped (exit {repro.returncode}) before update@r{k}; "
+                                       f"see {root / 'bench-dvc-repro.log'}")
+                time.sleep(0.05)
+            seconds = clock.elapsed()
+            curve.append((k, seconds, clock.pause(lambda: score(k))))
+            print(f"  rlpipe r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
+            if curve[-1][2] >= target:
+                break
+    finally:
+        if repro.poll() is None:  # target reached before the last round: stop the rest of the pipeline
+            os.killpg(repro.pid, signal.SIGTERM)
+            repro.wait()
+        log.close()
     return curve
 
 
