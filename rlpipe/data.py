@@ -117,12 +117,17 @@ def read_prompts(path: Path) -> pa.Table:
 
 
 def round_prompt_rows(num_prompts: int, count: int, seed: int, round_name: str) -> list[int]:
-    """Row indices of the `count` prompts of a round: a seeded permutation per round, without
-    replacement while the split lasts (several permutations back to back when count exceeds it)."""
-    rng = random.Random(f"{seed}:prompts:{round_name}")
+    """Row indices of the `count` prompts of a round. The rounds r1, r2, ... read one stream of seeded
+    permutations of the split (one per epoch) back to back: rK takes positions (K-1)*count to
+    K*count - 1, so the rounds go through the whole split before any prompt repeats. Any other name
+    (value_pretrain) reads the start of a stream of its own."""
+    is_round = round_name[:1] == "r" and round_name[1:].isdigit()
+    stream, start = ("rounds", (paths.round_index(round_name) - 1) * count) if is_round else (round_name, 0)
     rows: list[int] = []
+    epoch, offset = divmod(start, num_prompts)
     while len(rows) < count:
         perm = list(range(num_prompts))
-        rng.shuffle(perm)
-        rows += perm[: count - len(rows)]
+        random.Random(f"{seed}:prompts:{stream}:{epoch}").shuffle(perm)
+        rows += perm[offset : offset + count - len(rows)]
+        epoch, offset = epoch + 1, 0
     return rows

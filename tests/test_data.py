@@ -93,3 +93,22 @@ def test_chat_template_and_system_prompt(tokenizer):
     assert tokenizer.decode(plain[0], skip_special_tokens=True) == "2+3="
     with pytest.raises(ValueError, match="no chat template"):
         encode_prompts(tokenizer, ["2+3"], data)
+
+
+def test_rounds_go_through_the_split_before_a_prompt_repeats():
+    from rlpipe.data import round_prompt_rows
+
+    split, count = 1000, 300
+    rounds = [round_prompt_rows(split, count, 0, f"r{k}") for k in range(1, 8)]
+    stream = [row for rows in rounds for row in rows]
+    assert all(len(rows) == count for rows in rounds)
+    assert sorted(stream[:split]) == list(range(split))  # epoch 1: every prompt once
+    assert sorted(stream[split : 2 * split]) == list(range(split))  # epoch 2 (r4 spans both)
+    assert stream[:split] != stream[split : 2 * split]  # each epoch its own permutation
+    assert round_prompt_rows(split, count, 0, "r3") == rounds[2]  # a round alone gives the same rows
+    assert round_prompt_rows(split, count, 1, "r1") != rounds[0]  # seeded
+    # more prompts than the split: whole epochs back to back
+    big = round_prompt_rows(10, 25, 0, "r1")
+    assert [sorted(big[i : i + 10]) for i in (0, 10)] == [list(range(10))] * 2
+    # another stream for other consumers, independent of the rounds'
+    assert round_prompt_rows(split, count, 0, "value_pretrain") != rounds[0]
