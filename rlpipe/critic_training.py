@@ -19,7 +19,7 @@ import torch
 
 from rlpipe import artifacts, paths
 from rlpipe.config import Params
-from rlpipe.distributed import World, no_sync, unwrap, wrap_model
+from rlpipe.distributed import World, check_fsdp2_micro_batches, no_sync, unwrap, wrap_model
 from rlpipe.errors import PipelineError
 from rlpipe.sequences import pack, pad_ragged, token_budget_chunks
 from rlpipe.value_model import CRITIC_OPTIMIZER_FILE, critic_forward, explained_variance, load_critic
@@ -63,11 +63,13 @@ def value_step(critic, optimizer, targets: ValueTargets | None, params: Params, 
     optimizer.zero_grad(set_to_none=True)
     loss_sum, clipped = 0.0, 0.0
     if targets is None:  # join DDP's gradient all-reduce with zeros
+        check_fsdp2_micro_batches(params.update, world, 0, label)
         (sum(p.sum() for p in critic.parameters()) * 0.0).backward()
         chunks = []
     else:
         width = targets.mask.shape[1]
         chunks = token_budget_chunks([len(p) + width for p in targets.prompt_ids], params.update.micro_batch_tokens)
+        check_fsdp2_micro_batches(params.update, world, len(chunks), label)
     for k, rows in enumerate(chunks):
         batch = pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id, response_width=width).to(world.device)
         with no_sync(critic, last=k == len(chunks) - 1):

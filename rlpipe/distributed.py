@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from rlpipe.algorithms.aggregation import LossCounts
+from rlpipe.config import UpdateConfig
+from rlpipe.errors import PipelineError
 
 
 @dataclass
@@ -48,6 +50,14 @@ class World:
         values = torch.tensor([metrics.get(n, 0.0) for n in names], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(values)
         return dict(zip(names, values.tolist()))
+
+    def spread(self, value: int) -> tuple[int, int]:
+        """(min, max) of an integer over the ranks."""
+        if not self.distributed:
+            return value, value
+        both = torch.tensor([-value, value], dtype=torch.long, device=self.device)
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+        return -int(both[0]), int(both[1])
 
     def shard(self, items: list) -> list:
         """This rank's share of a list of whole groups (round-robin)."""
@@ -86,6 +96,18 @@ def wrap_model(model, strategy: str, world: World):
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=None if world.device == "cpu" else [torch.cuda.current_device()])
+
+
+def check_fsdp2_micro_batches(cfg: UpdateConfig, world: World, count: int, step_label: str) -> None:
+    """Every FSDP2 forward and backward is a collective, so ranks with unequal micro-batch counts would
+    wait on each other forever: stop with the key to change instead."""
+    if cfg.strategy != "fsdp2" or not world.distributed:
+        return
+    fewest, most = world.spread(count)
+    if fewest != most:
+        raise PipelineError(f"{step_label}: update.micro_batch_tokens = {cfg.micro_batch_tokens} splits the "
+                            f"ranks' shares into {fewest} to {most} micro-batches, and FSDP2 needs the same "
+                            f"count on every rank: raise update.micro_batch_tokens, or use update.strategy ddp")
 
 
 def unwrap(model):

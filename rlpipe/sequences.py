@@ -83,7 +83,7 @@ def prompt_runs(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tenso
 def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     """(B, T, V) logits that predict each response token (only those positions are materialised)."""
     width, prompt_width = batch.response_ids.shape[1], batch.prompt_width
-    if batch.prompt_runs is None or prompt_width < 2 or _checkpointing(model):
+    if batch.prompt_runs is None or prompt_width < 2 or _cannot_share_prompts(model):
         out = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
@@ -117,10 +117,17 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     return out.logits[:, :-1, :]
 
 
-def _checkpointing(model) -> bool:
-    """Gradient checkpointing turns the KV cache off, so the shared-prompt forward cannot run."""
+def _cannot_share_prompts(model) -> bool:
+    """Gradient checkpointing turns the KV cache off. FSDP2 frees each layer's gathered weights after a
+    forward, and the backward of the first of two forwards then finds them gone."""
     inner = getattr(model, "module", model)  # DDP wraps the transformers model
-    return bool(getattr(inner, "is_gradient_checkpointing", False))
+    if getattr(inner, "is_gradient_checkpointing", False):
+        return True
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(inner, FSDPModule)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,

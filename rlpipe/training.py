@@ -23,7 +23,7 @@ import torch
 from rlpipe import artifacts, paths
 from rlpipe.algorithms.aggregation import LossCounts
 from rlpipe.config import Params, UpdateConfig
-from rlpipe.distributed import World, no_sync, unwrap, wrap_model
+from rlpipe.distributed import World, check_fsdp2_micro_batches, no_sync, unwrap, wrap_model
 from rlpipe.errors import PipelineError
 from rlpipe.progress import progress
 from rlpipe.sequences import pack, pad_ragged, response_logprobs, token_budget_chunks
@@ -123,6 +123,7 @@ def train_step(model, optimizer, mb: Minibatch | None, params: Params, pad_id: i
     if mb is None:  # more ranks than groups at the tail of an epoch: join the all-reduce with zeros
         chunks, setup = [], None
         world.all_reduce_counts(LossCounts(0, 0, 0, 0))
+        check_fsdp2_micro_batches(cfg, world, 0, step_label)
         with no_sync(model, last=True):
             (sum(p.sum() for p in model.parameters()) * 0.0).backward()
     else:
@@ -131,6 +132,7 @@ def train_step(model, optimizer, mb: Minibatch | None, params: Params, pad_id: i
                                      max_new_tokens=params.rollout.max_new_tokens, reduce_counts=world.all_reduce_counts)
         width = mb.response_mask.shape[1]
         chunks = token_budget_chunks([len(p) + width for p in mb.prompt_ids], cfg.micro_batch_tokens)
+        check_fsdp2_micro_batches(cfg, world, len(chunks), step_label)
         for k, rows in enumerate(chunks):
             batch = pack(mb.prompt_ids[rows], mb.response_ids[rows], pad_id, response_width=width).to(world.device)
             with no_sync(model, last=k == len(chunks) - 1), update_autocast(params, world.device):

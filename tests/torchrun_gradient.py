@@ -33,24 +33,27 @@ def minibatch_columns(groups: int = 6, samples: int = 3, seed: int = 0):
     return artifacts.Columns(cols)
 
 
-def gradient(loss_agg: str, world) -> torch.Tensor:
+def gradient(loss_agg: str, world, strategy: str = "ddp", budget: int = 24) -> torch.Tensor:
     from rlpipe.config import TinyModelConfig, params_from_dict
     from rlpipe.distributed import unwrap, wrap_model
     from rlpipe.models import build_tiny_model
     from rlpipe.tokenizer import build_char_tokenizer
     from rlpipe.training import Minibatch, train_step
 
+    # the default budget gives many micro-batches per rank, some with a shared prompt and some without
     params = params_from_dict({"algorithm": {"preset": "grpo", "loss_agg": loss_agg},
-                               "update": {"micro_batch_tokens": 24, "max_grad_norm": 1e9}, "rollout": {"max_new_tokens": 6}})
+                               "update": {"micro_batch_tokens": budget, "max_grad_norm": 1e9, "strategy": strategy},
+                               "rollout": {"max_new_tokens": 6}})
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(TinyModelConfig(layers=2, hidden=32, heads=2, intermediate=64), tokenizer, seed=0)
-    model = wrap_model(model, "ddp", world)
+    model = wrap_model(model, strategy, world)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     columns = minibatch_columns()
     groups = sorted(set(columns["group"]))
     mine = [i for i, g in enumerate(columns["group"]) if g in set(world.shard(groups))]
     train_step(model, optimizer, Minibatch.of(columns, mine), params, tokenizer.pad_token_id, "test", world)
-    return torch.cat([p.grad.flatten() for p in unwrap(model).parameters()])
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in unwrap(model).parameters()]
+    return torch.cat([g.flatten() for g in grads])
 
 
 def critic_gradient(world, tmp: str) -> torch.Tensor:
@@ -81,11 +84,18 @@ def critic_gradient(world, tmp: str) -> torch.Tensor:
 
 def main() -> int:
     from rlpipe.distributed import init_world
+    from rlpipe.errors import PipelineError
 
     torch.set_num_threads(1)
     world = init_world()
     grads = {mode: gradient(mode, world) for mode in ("token-mean", "seq-mean-token-mean")}
     grads["critic"] = critic_gradient(world, sys.argv[2])
+    grads["fsdp2"] = gradient("token-mean", world, "fsdp2", budget=10**6)  # one micro-batch per rank
+    try:  # unequal micro-batch counts under FSDP2 would hang: both ranks must stop with the key instead
+        gradient("token-mean", world, "fsdp2")
+        grads["fsdp2_uneven"] = "no error" if world.distributed else "single process"
+    except PipelineError as err:
+        grads["fsdp2_uneven"] = str(err)
     if world.is_main:
         torch.save(grads, sys.argv[1])
     if world.distributed:
