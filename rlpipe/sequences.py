@@ -97,15 +97,8 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     runs = batch.prompt_runs
     firsts = torch.cumsum(runs, dim=0) - runs
     shared = slice(0, prompt_width - 1)
-    prefix = model(
-        input_ids=batch.input_ids[firsts, shared],
-        attention_mask=batch.attention_mask[firsts, shared],
-        position_ids=batch.position_ids[firsts, shared],
-        logits_to_keep=1,
-        use_cache=True,
-    )
-    cache = prefix.past_key_values
-    cache.reorder_cache(torch.repeat_interleave(torch.arange(len(runs), device=runs.device), runs))
+    cache = repeated_prefix_cache(model, batch.input_ids[firsts, shared], batch.attention_mask[firsts, shared],
+                                  batch.position_ids[firsts, shared], runs)
     rest = slice(prompt_width - 1, None)
     out = model(
         input_ids=batch.input_ids[:, rest],
@@ -117,10 +110,23 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     return out.logits[:, :-1, :]
 
 
+def repeated_prefix_cache(model, input_ids, attention_mask, position_ids, runs: torch.Tensor):
+    """The KV cache of the rows given (one per distinct prefix), row i repeated runs[i] times, so that
+    the repeats continue from it without recomputing the prefix. Shared by the update's forward and
+    the HF rollout backend's prefill."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                logits_to_keep=1, use_cache=True)
+    cache = out.past_key_values
+    cache.reorder_cache(torch.repeat_interleave(torch.arange(len(runs), device=runs.device), runs))
+    return cache
+
+
 def _cannot_share_prompts(model) -> bool:
     """Gradient checkpointing turns the KV cache off. FSDP2 frees each layer's gathered weights after a
     forward, and the backward of the first of two forwards then finds them gone."""
-    inner = getattr(model, "module", model)  # DDP wraps the transformers model
+    from rlpipe.distributed import unwrap
+
+    inner = unwrap(model)
     if getattr(inner, "is_gradient_checkpointing", False):
         return True
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():

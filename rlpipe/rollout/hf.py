@@ -14,7 +14,7 @@ import torch
 from rlpipe.progress import progress
 from rlpipe.rollout.base import GenerationOutput, GenerationRows, SamplingSpec
 from rlpipe.rollout.sampling import SeededSampler
-from rlpipe.sequences import pad_ragged
+from rlpipe.sequences import pad_ragged, repeated_prefix_cache
 
 
 class HFBackend:
@@ -94,11 +94,8 @@ class HFBackend:
         if unique_ids.shape[1] < 2 or int(counts.max()) == 1:
             return None
         positions = (unique_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        out = self.model(input_ids=unique_ids[:, :-1], attention_mask=unique_mask[:, :-1].long(),
-                         position_ids=positions[:, :-1], use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
-        cache.reorder_cache(torch.repeat_interleave(torch.arange(len(counts)), counts))
-        return cache
+        return repeated_prefix_cache(self.model, unique_ids[:, :-1], unique_mask[:, :-1].long(), positions[:, :-1],
+                                     counts)
 
 
 def _trim(generated: torch.Tensor, token_logprobs: torch.Tensor, eos_id: int, pad_id: int, seconds: float):
