@@ -13,14 +13,14 @@ import torch
 
 from benchmarks.common import table
 from rlpipe.config import TinyModelConfig
-from rlpipe.models import build_tiny_model
-from rlpipe.prompts import encode_prompts
+from rlpipe.models.policy import build_tiny_model
+from rlpipe.data.prompts import encode_prompts
 from rlpipe.rollout.base import GenerationRows, SamplingSpec
 from rlpipe.rollout.hf import HFBackend
 from rlpipe.rollout.sampling import prompt_uniforms
-from rlpipe.sequences import pad_ragged
-from rlpipe.tasks import generate_split
-from rlpipe.tokenizer import build_char_tokenizer
+from rlpipe.models.sequences import pad_ragged
+from rlpipe.data.tasks import generate_split
+from rlpipe.models.tokenizer import build_char_tokenizer
 
 PROMPTS, SAMPLES, MAX_NEW, BATCH = 256, 8, 6, 2048
 

@@ -23,8 +23,8 @@ PROMPTS, M, MAX_NEW = 64, 8, 6
 
 
 def batch(tokenizer, seed: int = 0):
-    from rlpipe.prompts import encode_prompts
-    from rlpipe.tasks import generate_split
+    from rlpipe.data.prompts import encode_prompts
+    from rlpipe.data.tasks import generate_split
 
     rng = random.Random(seed)
     prompts = encode_prompts(tokenizer, [e.prompt for e in generate_split("addition", seed, PROMPTS, 2, 3)])
@@ -38,7 +38,7 @@ def batch(tokenizer, seed: int = 0):
 def ours(model, tokenizer, rows, responses, advantages, old, bf16: bool = False, attention: str = "auto"):
     from rlpipe import artifacts
     from rlpipe.config import params_from_dict
-    from rlpipe.training import Minibatch, make_optimizer, train_step, update_attention
+    from rlpipe.train.policy import Minibatch, make_optimizer, train_step, update_attention
 
     params = params_from_dict({"algorithm": {"preset": "grpo"}, "rollout": {"max_new_tokens": MAX_NEW},
                                "update": {"bf16": bf16, "attention": attention}})
@@ -63,7 +63,7 @@ def trl_step(model, tokenizer, rows, responses, advantages, old, bf16: bool = Tr
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlpipe.sequences import pad_ragged
+    from rlpipe.models.sequences import pad_ragged
 
     args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=len(rows), num_generations=M,
                       max_completion_length=MAX_NEW, beta=0.04, loss_type="grpo", use_cpu=True, report_to=[],
@@ -113,8 +113,8 @@ def run(repeats: int = 7) -> str:
         return "## (d) update tokens/s against TRL\n\ntrl is not installed: `pip install -e '.[bench]'`\n"
     from benchmarks.common import paired
     from rlpipe.config import TinyModelConfig
-    from rlpipe.models import build_tiny_model
-    from rlpipe.tokenizer import build_char_tokenizer
+    from rlpipe.models.policy import build_tiny_model
+    from rlpipe.models.tokenizer import build_char_tokenizer
 
     torch.set_num_threads(2)
     tokenizer = build_char_tokenizer()

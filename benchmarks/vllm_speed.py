@@ -19,14 +19,14 @@ import torch
 
 from benchmarks.common import table
 from rlpipe.config import RolloutConfig, TinyModelConfig
-from rlpipe.models import build_tiny_model, save_policy
-from rlpipe.prompts import encode_prompts
+from rlpipe.models.policy import build_tiny_model, save_policy
+from rlpipe.data.prompts import encode_prompts
 from rlpipe.rollout.base import GenerationRows, SamplingSpec
 from rlpipe.rollout.hf import HFBackend
 from rlpipe.rollout.sampling import prompt_seed, prompt_uniforms
-from rlpipe.sequences import batched_response_logprobs
-from rlpipe.tasks import generate_split
-from rlpipe.tokenizer import build_char_tokenizer
+from rlpipe.models.sequences import batched_response_logprobs
+from rlpipe.data.tasks import generate_split
+from rlpipe.models.tokenizer import build_char_tokenizer
 
 SAMPLES, BATCH = 8, 2048
 

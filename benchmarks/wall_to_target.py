@@ -74,10 +74,12 @@ class Clock:
 
 
 def greedy_pass_at_1(evaluator, model, tokenizer) -> float:
+    from rlpipe.rollout.hf import HFBackend
+
     was_training = model.training
     model.eval()
     try:
-        return evaluator.greedy_pass_at_1(model, tokenizer)
+        return evaluator.greedy_pass_at_1(HFBackend(model, tokenizer, evaluator.params.rollout.batch_size), "checkpoint")
     finally:
         model.train(was_training)
 
@@ -87,7 +89,7 @@ def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> l
     written its metrics file (its last act); the pipeline is then frozen (SIGSTOP to its process group)
     while the parent scores the new checkpoint, with the clock paused, and resumed after."""
     from rlpipe import paths
-    from rlpipe.models import load_policy
+    from rlpipe.models.policy import load_policy
     from rlpipe.scratch_project import scratch_env
 
     curve, clock = [], Clock()
@@ -180,8 +182,8 @@ def run(target: float = 0.6, max_rounds: int = 10, work: Path | None = None) -> 
 
     from rlpipe import paths
     from rlpipe.config import load_params
-    from rlpipe.evaluation import Evaluator
-    from rlpipe.models import load_policy
+    from rlpipe.stages.evaluate import Evaluator
+    from rlpipe.models.policy import load_policy
 
     keep = work is not None  # a directory the caller named stays, for its stage metrics
     work = Path(work or tempfile.mkdtemp(prefix="rlpipe-wall-"))

@@ -16,7 +16,7 @@ def _compare(args) -> int:
     from rlpipe.config import load_params
     from rlpipe.diagnostics.compare import compare_round
     from rlpipe.errors import PipelineError
-    from rlpipe.tracking import StageTracker
+    from rlpipe.tracking.client import StageTracker
 
     try:
         params = load_params(args.params)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import PRESETS
 
 
 def children_cpu_seconds() -> float:

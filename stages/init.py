@@ -4,16 +4,7 @@ Reads params `seed`, `model`, `data.task` and runs/data/train.parquet (the embed
 start). Writes runs/policy/r0/ and runs/metrics/init.json.
 """
 
-from rlpipe import paths
-from rlpipe.stage import run_stage
-
-
-def init(ctx):
-    from rlpipe.policy_init import init_policy
-
-    ctx.init_torch()
-    return init_policy(ctx.params, paths.TRAIN, paths.policy_dir("r0"))
-
+from rlpipe.runner import run_stage
 
 if __name__ == "__main__":
-    run_stage("init", init)
+    run_stage("init")

@@ -4,14 +4,7 @@ Reads params `seed`, `data`. Writes runs/data/train.parquet and runs/data/test.p
 (prompt_id, prompt, answer, meta), and runs/metrics/prepare.json.
 """
 
-from rlpipe.stage import run_stage
-
-
-def prepare(ctx):
-    from rlpipe.data import prepare
-
-    return prepare(ctx.params.data, ctx.params.seed)
-
+from rlpipe.runner import run_stage
 
 if __name__ == "__main__":
-    run_stage("prepare", prepare)
+    run_stage("prepare")

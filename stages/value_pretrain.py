@@ -5,20 +5,7 @@ Critic-free presets get a small marker file and no model load. Reads params `see
 and runs/metrics/value_pretrain.json.
 """
 
-from rlpipe import paths
-from rlpipe.stage import run_stage
-
-
-def value_pretrain(ctx):
-    from rlpipe.value_model import write_no_critic_marker
-
-    if not ctx.params.algorithm.resolve().needs_critic:
-        return write_no_critic_marker(paths.critic_dir("r0"), ctx.params.algorithm.preset)
-    from rlpipe.value_pretrain import pretrain_critic
-
-    ctx.init_torch()
-    return pretrain_critic(ctx.params, paths.policy_dir("r0"), paths.TRAIN, paths.critic_dir("r0"), ctx.tracker)
-
+from rlpipe.runner import run_stage
 
 if __name__ == "__main__":
-    run_stage("value_pretrain", value_pretrain)
+    run_stage("value_pretrain")

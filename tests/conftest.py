@@ -16,7 +16,7 @@ os.environ.setdefault("RLPIPE_PROGRESS", "0")
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from rlpipe.tokenizer import build_char_tokenizer
+    from rlpipe.models.tokenizer import build_char_tokenizer
 
     return build_char_tokenizer()
 
@@ -26,7 +26,7 @@ def tiny_model(tokenizer):
     import torch
 
     from rlpipe.config import TinyModelConfig
-    from rlpipe.models import build_tiny_model
+    from rlpipe.models.policy import build_tiny_model
 
     torch.set_num_threads(1)
     model = build_tiny_model(TinyModelConfig(layers=2, hidden=32, heads=2, intermediate=64, max_positions=64), tokenizer, seed=0)
@@ -36,7 +36,7 @@ def tiny_model(tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
-    from rlpipe.models import save_policy
+    from rlpipe.models.policy import save_policy
 
     path = tmp_path_factory.mktemp("tiny_policy")
     save_policy(tiny_model, tokenizer, path)

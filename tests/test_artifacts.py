@@ -11,6 +11,7 @@ import pytest
 
 from rlpipe import artifacts
 from rlpipe.artifacts import ArtifactError
+from rlpipe.atomic import atomic_directory
 
 
 def rollout_columns(n_groups=2, m=2, greedy=False):
@@ -92,10 +93,10 @@ def test_group_sizes(tmp_path: Path):
 def test_atomic_directory_leaves_nothing_on_failure(tmp_path: Path):
     target = tmp_path / "ckpt"
     with pytest.raises(RuntimeError):
-        with artifacts.atomic_directory(target) as tmp:
+        with atomic_directory(target) as tmp:
             (tmp / "weights").write_text("half")
             raise RuntimeError("killed")
     assert not target.exists() and not any(tmp_path.iterdir())
-    with artifacts.atomic_directory(target) as tmp:
+    with atomic_directory(target) as tmp:
         (tmp / "weights").write_text("whole")
     assert (target / "weights").read_text() == "whole" and len(list(tmp_path.iterdir())) == 1

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rlpipe import paths
-from rlpipe.models import IncompatibleCheckpointsError, build_tiny_model, check_compatible, save_policy
+from rlpipe.models.policy import IncompatibleCheckpointsError, build_tiny_model, check_compatible, save_policy
 from rlpipe.config import TinyModelConfig
-from rlpipe.tokenizer import build_char_tokenizer
+from rlpipe.models.tokenizer import build_char_tokenizer
 
 
 def test_same_checkpoint_twice_is_compatible(tiny_model_dir: Path, tmp_path: Path):

@@ -11,7 +11,7 @@ import pytest
 from conftest import SHARED_DATA
 from rlpipe import artifacts
 from rlpipe.config import params_from_dict
-from rlpipe.data import gsm8k_answer, prepare
+from rlpipe.data.splits import gsm8k_answer, write_splits as prepare
 
 GSM8K = SHARED_DATA / "gsm8k"
 
@@ -82,7 +82,7 @@ def test_bad_files_name_the_file_and_row(tmp_path):
 def test_chat_template_and_system_prompt(tokenizer):
     import copy
 
-    from rlpipe.prompts import encode_prompts
+    from rlpipe.data.prompts import encode_prompts
 
     chat = copy.deepcopy(tokenizer)
     chat.chat_template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
@@ -96,7 +96,7 @@ def test_chat_template_and_system_prompt(tokenizer):
 
 
 def test_rounds_go_through_the_split_before_a_prompt_repeats():
-    from rlpipe.data import round_prompt_rows
+    from rlpipe.data.splits import round_prompt_rows
 
     split, count = 1000, 300
     rounds = [round_prompt_rows(split, count, 0, f"r{k}") for k in range(1, 8)]

@@ -57,7 +57,7 @@ def test_cli_writes_table_and_plot(tmp_path, monkeypatch):
 
 
 def test_exact_weight_matches_the_spec_and_the_asymptote():
-    # ALGORITHMS.md: "at small M the exact weight is flatter, e.g. 1.62-1.69 at M=4"
+    # docs/algorithms.md: "at small M the exact weight is flatter, e.g. 1.62-1.69 at M=4"
     weights = [exact_group_norm_weight(p, 4) for p in (0.2, 0.3, 0.5, 0.7)]
     assert all(1.6 < w < 1.72 for w in weights)
     # large M: the expansion ((M-1)/M)/sigma [1 + (1/2 - (1-2p)^2/(8 sigma^2))/M] takes over
@@ -79,8 +79,8 @@ def test_compare_on_a_round(tmp_path, monkeypatch):
     from rlpipe.diagnostics.compare import coefficients, compare_round, load_round
     from test_rounds import mini_params, run_round
 
-    from rlpipe.data import prepare
-    from rlpipe.policy_init import init_policy
+    from rlpipe.data.splits import write_splits as prepare
+    from rlpipe.stages.init import init_policy
 
     params = mini_params()
     prepare(params.data, params.seed, tmp_path / paths.TRAIN, tmp_path / paths.TEST)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlpipe.rewards import place_steps, reward_metrics, token_char_ends
+from rlpipe.rewards.steps import place_steps, token_char_ends
+from rlpipe.stages.reward import reward_metrics
 from rlpipe.rewards.shaping import overlong_penalty
 from rlpipe.rewards.verifiers import Verdict, chain_steps, exact_match
 

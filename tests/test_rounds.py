@@ -16,7 +16,7 @@ import yaml
 
 from conftest import REPO
 from rlpipe import artifacts, paths
-from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import PRESETS
 from rlpipe.config import params_from_dict
 
 MINI = yaml.safe_load((REPO / "tests" / "params_mini.yaml").read_text())
@@ -36,13 +36,13 @@ def workspace(tmp_path_factory):
     """Prepared data and an initial tiny policy, shared by every preset's round."""
     import os
 
-    from rlpipe.data import prepare
-    from rlpipe.policy_init import init_policy
+    from rlpipe.data.splits import write_splits
+    from rlpipe.stages.init import init_policy
 
     root = tmp_path_factory.mktemp("rounds")
     params = mini_params()
     torch.manual_seed(0)
-    prepare(params.data, params.seed, root / paths.TRAIN, root / paths.TEST)
+    write_splits(params.data, params.seed, root / paths.TRAIN, root / paths.TEST)
     init_policy(params, root / paths.TRAIN, root / paths.policy_dir("r0"))
     old = os.getcwd()
     yield root
@@ -54,28 +54,16 @@ def run_round(root: Path, params, monkeypatch, name: str | None = None) -> Path:
     that copy. The params are also written to its params.yaml, which torchrun's ranks read."""
     import shutil
 
-    from rlpipe.advantage import build_batch
-    from rlpipe.rewards import score_rollouts
-    from rlpipe.rollout import rollout_round
-    from rlpipe.distributed_update import run_update
-    from rlpipe.value_model import write_no_critic_marker
-    from rlpipe.value_pretrain import pretrain_critic
+    from rlpipe.stages import execute
 
     work = root / (name or params.algorithm.preset)
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(root / "runs", work / "runs")
     (work / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
     monkeypatch.chdir(work)
-    torch.manual_seed(params.seed)  # as each stage process does: the value head's init draws from it
-    if params.algorithm.resolve().needs_critic:
-        pretrain_critic(params, paths.policy_dir("r0"), paths.TRAIN, paths.critic_dir("r0"))
-    else:
-        write_no_critic_marker(paths.critic_dir("r0"), params.algorithm.preset)
-    rollout_round(params, "r1", paths.policy_dir("r0"), paths.TRAIN, paths.rollouts_path("r1"))
-    score_rollouts(params, paths.rollouts_path("r1"), paths.policy_dir("r0") / "tokenizer.json", paths.rewards_path("r1"))
-    build_batch(params, "r1", paths.rewards_path("r1"), paths.policy_dir("r0"), paths.policy_dir("r0"),
-                paths.critic_dir("r0"), paths.batch_path("r1"))
-    run_update(params, "r1")
+    execute("value_pretrain", params)  # each stage seeds torch, as each stage process does
+    for stage in ("rollout", "reward", "advantage", "update"):
+        execute(stage, params, "r1")
     return work
 
 
@@ -130,21 +118,18 @@ def test_dynamic_sampling_keeps_exactly_the_groups_with_signal(workspace, monkey
 
 
 def test_critic_free_presets_never_load_a_value_model(workspace, monkeypatch):
-    import rlpipe.value_model as value_model
+    import rlpipe.models.critic as critic_model
+    import rlpipe.train.critic as critic_training
 
     loads = []
-    real = value_model.load_critic
+    real = critic_model.load_critic
 
     def counting(*args, **kwargs):
         loads.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(value_model, "load_critic", counting)
-    import rlpipe.critic_training as critic_training
-    import rlpipe.value_pretrain as value_pretrain
-
+    monkeypatch.setattr(critic_model, "load_critic", counting)
     monkeypatch.setattr(critic_training, "load_critic", counting)
-    monkeypatch.setattr(value_pretrain, "load_critic", counting)
     for preset in ("grpo", "rloo", "dapo"):
         run_round(workspace, mini_params(**{"algorithm.preset": preset}), monkeypatch)
     assert loads == []

@@ -10,8 +10,8 @@ import torch
 from rlpipe.rollout.base import GenerationRows, SamplingSpec
 from rlpipe.rollout.hf import HFBackend
 from rlpipe.rollout.sampling import filter_logits, inverse_cdf_sample, prompt_uniforms
-from rlpipe.sequences import batched_response_logprobs
-from rlpipe.prompts import encode_prompts
+from rlpipe.models.sequences import batched_response_logprobs
+from rlpipe.data.prompts import encode_prompts
 
 PROMPTS = ["12+34=", "5+6=", "99+1=", "7+70=", "40+41="]
 

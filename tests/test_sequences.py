@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rlpipe.sequences import pack, prompt_runs, response_logprobs
+from rlpipe.models.sequences import pack, prompt_runs, response_logprobs
 
 
 def _groups(tokenizer, seed: int):
@@ -63,7 +63,7 @@ def test_the_shared_prompt_forward_runs_each_prompt_once(tiny_model, tokenizer):
 
 def test_gradient_checkpointing_takes_the_full_forward(tokenizer):
     from rlpipe.config import TinyModelConfig
-    from rlpipe.models import build_tiny_model
+    from rlpipe.models.policy import build_tiny_model
 
     model = build_tiny_model(TinyModelConfig(layers=1, hidden=16, heads=2, intermediate=32), tokenizer, seed=0)
     batch = pack(*_groups(tokenizer, 0), tokenizer.pad_token_id)
@@ -87,7 +87,7 @@ def test_prompt_runs_compare_ids_and_mask():
 
 def test_update_attention_auto_picks_eager_only_for_short_sequences_on_cpu():
     from rlpipe.config import UpdateConfig
-    from rlpipe.training import EAGER_ATTENTION_MAX_TOKENS, update_attention
+    from rlpipe.train.policy import EAGER_ATTENTION_MAX_TOKENS, update_attention
 
     auto = UpdateConfig()
     assert update_attention(auto, "cpu", 13) == "eager"
@@ -99,7 +99,7 @@ def test_update_attention_auto_picks_eager_only_for_short_sequences_on_cpu():
 
 def test_bf16_autocasts_the_update_on_cpu(tiny_model, tokenizer):
     from rlpipe.config import params_from_dict
-    from rlpipe.training import update_autocast
+    from rlpipe.train.policy import update_autocast
 
     batch = pack(*_groups(tokenizer, 1), tokenizer.pad_token_id)
     for bf16, dtype in ((True, torch.bfloat16), (False, torch.float32)):

@@ -61,8 +61,8 @@ def hf_logprobs(policy: Path, prompt_ids, response_ids, temperature: float) -> l
     """The trainer's recompute: transformers, float32, the same temperature."""
     import torch
 
-    from rlpipe.models import load_policy
-    from rlpipe.sequences import batched_response_logprobs
+    from rlpipe.models.policy import load_policy
+    from rlpipe.models.sequences import batched_response_logprobs
 
     torch.set_num_threads(1)
     model, tokenizer = load_policy(policy, "float32")
@@ -76,12 +76,14 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
 
 
-def test_rollout_stage_writes_the_hf_schema(project):
+def test_rollout_stage_writes_the_hf_schema(project, tmp_path, monkeypatch):
+    import shutil
+
     import pyarrow.parquet as pq
 
     from rlpipe import artifacts
     from rlpipe.config import params_from_dict
-    from rlpipe.rollout import rollout_round
+    from rlpipe.stages import execute
 
     root, _ = project
     path = root / "runs/rounds/r1/rollouts.parquet"
@@ -89,8 +91,11 @@ def test_rollout_stage_writes_the_hf_schema(project):
     # The same stage with the HF backend, on the same policy and prompts: the same columns and types.
     raw = vllm_params()
     raw["rollout"]["backend"] = "hf"
-    hf_path = root.parent / "hf_rollouts.parquet"
-    rollout_round(params_from_dict(raw), "r1", root / "runs/policy/r0", root / "runs/data/train.parquet", hf_path)
+    for part in ("runs/policy/r0", "runs/data"):
+        shutil.copytree(root / part, tmp_path / part)
+    monkeypatch.chdir(tmp_path)
+    execute("rollout", params_from_dict(raw), "r1")
+    hf_path = tmp_path / "runs/rounds/r1/rollouts.parquet"
     assert pq.read_schema(path).remove_metadata() == pq.read_schema(hf_path).remove_metadata()
     hf_table = pq.read_table(hf_path)
     for column in ("prompt_id", "group", "sample", "is_greedy", "prompt_ids"):
@@ -129,7 +134,7 @@ def test_behaviour_logprobs_match_a_trainer_recompute(project):
     # is too weak; instead, the trainer's own greedy continuation must agree token by token.
     import torch
 
-    from rlpipe.models import load_policy
+    from rlpipe.models.policy import load_policy
 
     model, tokenizer = load_policy(root / "runs/policy/r0", "float32")
     for prompt, response, greedy in zip(table["prompt_ids"], table["response_ids"], table["is_greedy"]):

@@ -35,10 +35,10 @@ def minibatch_columns(groups: int = 6, samples: int = 3, seed: int = 0):
 
 def gradient(loss_agg: str, world, strategy: str = "ddp", budget: int = 24) -> torch.Tensor:
     from rlpipe.config import TinyModelConfig, params_from_dict
-    from rlpipe.distributed import unwrap, wrap_model
-    from rlpipe.models import build_tiny_model
-    from rlpipe.tokenizer import build_char_tokenizer
-    from rlpipe.training import Minibatch, train_step
+    from rlpipe.train.distributed import unwrap, wrap_model
+    from rlpipe.models.policy import build_tiny_model
+    from rlpipe.models.tokenizer import build_char_tokenizer
+    from rlpipe.train.policy import Minibatch, train_step
 
     # the default budget gives many micro-batches per rank, some with a shared prompt and some without
     params = params_from_dict({"algorithm": {"preset": "grpo", "loss_agg": loss_agg},
@@ -58,11 +58,11 @@ def gradient(loss_agg: str, world, strategy: str = "ddp", budget: int = 24) -> t
 
 def critic_gradient(world, tmp: str) -> torch.Tensor:
     from rlpipe.config import TinyModelConfig, params_from_dict
-    from rlpipe.critic_training import batch_targets, value_step
-    from rlpipe.distributed import unwrap, wrap_model
-    from rlpipe.models import build_tiny_model
-    from rlpipe.tokenizer import build_char_tokenizer
-    from rlpipe.value_model import load_critic
+    from rlpipe.train.critic import batch_targets, value_step
+    from rlpipe.train.distributed import unwrap, wrap_model
+    from rlpipe.models.policy import build_tiny_model
+    from rlpipe.models.tokenizer import build_char_tokenizer
+    from rlpipe.models.critic import load_critic
 
     params = params_from_dict({"algorithm": {"preset": "ppo"}, "update": {"micro_batch_tokens": 24, "max_grad_norm": 1e9},
                                "value": {"clip_range": 0.2}})
@@ -83,7 +83,7 @@ def critic_gradient(world, tmp: str) -> torch.Tensor:
 
 
 def main() -> int:
-    from rlpipe.distributed import init_world
+    from rlpipe.train.distributed import init_world
     from rlpipe.errors import PipelineError
 
     torch.set_num_threads(1)

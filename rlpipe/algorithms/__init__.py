@@ -1,4 +1,4 @@
-"""Pure tensor math of the algorithms in ALGORITHMS.md: no I/O, no config objects in the math.
+"""Pure tensor math of the algorithms in docs/algorithms.md: no I/O, no config objects in the math.
 
 - `kl`: KL estimators k1, k2, k3.
 - `advantages`: the nine advantage estimators, whitening, the length-adaptive lambda.

@@ -1,4 +1,4 @@
-"""Advantage estimators of ALGORITHMS.md, vectorised over the batch (GAE loops over time only).
+"""Advantage estimators of docs/algorithms.md, vectorised over the batch (GAE loops over time only).
 
 Shapes: B responses, T padded response length, S padded step count, N groups (one group = the M
 responses of one prompt). Every estimator takes an `AdvantageBatch` and `AdvantageParams` and returns

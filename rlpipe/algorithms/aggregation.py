@@ -1,4 +1,4 @@
-"""Loss aggregation (ALGORITHMS.md, "aggregation of l over the batch"), exact under micro-batching.
+"""Loss aggregation (docs/algorithms.md, "Loss aggregation"), exact under micro-batching.
 
 Each mode turns a whole minibatch's mask into per-token weights w (B, T) so that the minibatch loss is
 sum(w * l). The normalisers come from `LossCounts` of the WHOLE minibatch (all micro-batches, all

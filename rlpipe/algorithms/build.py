@@ -184,7 +184,7 @@ def token_coefficient(spec: ResolvedAlgorithm, *, rewards, response_mask, group_
                       values=None, baseline_rewards=None, step_ends=None, step_rewards=None, step_mask=None,
                       correct=None, truncated=None, max_new_tokens: int) -> TokenCoefficient:
     """c (B, T) with policy-loss gradient = -sum c grad logp at the first step of a round (logp = old),
-    computed by autograd through the update's own loss (ALGORITHMS.md "Token coefficient").
+    computed by autograd through the update's own loss (docs/algorithms.md "Token coefficient").
 
     Takes the whole round (same tensors as `compute_round_advantages`, plus correct / truncated (B,)
     bool) and applies what the pipeline applies: dynamic sampling drops zero-variance groups and

@@ -1,5 +1,5 @@
 """KL estimators of log(pi_theta / pi_ref) per token, with d = logp - ref_logp (Schulman, "Approximating
-KL divergence", 2020; ALGORITHMS.md Notation). Shapes: (B, T) in, (B, T) out."""
+KL divergence", 2020; docs/algorithms.md Notation). Shapes: (B, T) in, (B, T) out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-token policy and critic losses (ALGORITHMS.md, "Policy loss"). Shapes (B, T) in and out."""
+"""Per-token policy and critic losses (docs/algorithms.md, "Policy loss"). Shapes (B, T) in and out."""
 
 from __future__ import annotations
 

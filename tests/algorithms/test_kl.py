@@ -42,7 +42,7 @@ def test_k3():
 
 
 def test_k3_gradient_is_one_minus_the_reference_ratio():
-    # d k3 / d logp = 1 - exp(-d) = 1 - pi_ref / pi (ALGORITHMS.md Notation)
+    # d k3 / d logp = 1 - exp(-d) = 1 - pi_ref / pi (docs/algorithms.md Notation)
     logp = torch.tensor([[-0.3, -1.2]], dtype=F64, requires_grad=True)
     ref = torch.tensor([[-0.9, -0.4]], dtype=F64)
     KL_ESTIMATORS.get("k3")(logp, ref).sum().backward()

@@ -9,7 +9,7 @@ import torch
 from rlpipe.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from rlpipe.algorithms.aggregation import LOSS_AGGREGATIONS, LossCounts, count_minibatch
 from rlpipe.algorithms.build import compute_round_advantages, minibatch_loss_setup, policy_loss, token_coefficient
-from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import PRESETS
 from rlpipe.config import AlgorithmConfig
 
 from batches import L_MAX, M, advantage_inputs, random_batch

@@ -6,11 +6,11 @@ import typing
 
 import pytest
 
-from rlpipe import config
+from rlpipe.config import components as config
 from rlpipe.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from rlpipe.algorithms.aggregation import LOSS_AGGREGATIONS
 from rlpipe.algorithms.kl import KL_ESTIMATORS
-from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import PRESETS
 from rlpipe.config import AlgorithmConfig, ParamsError, params_from_dict
 from rlpipe.registry import Registry
 from rlpipe.rewards import VERIFIERS
@@ -54,7 +54,7 @@ def test_unknown_name_lists_the_valid_ones_sorted(registry):
     assert f"unknown {registry.family} 'gea'; valid: {', '.join(sorted(registry.names()))}" in str(err.value)
 
 
-# ALGORITHMS.md "Presets": (estimator, kl_placement, kl_estimator, kl_beta, loss_agg) and the extras
+# docs/algorithms.md "Presets": (estimator, kl_placement, kl_estimator, kl_beta, loss_agg) and the extras
 PRESET_TABLE = {
     "reinforce": ("reinforce", "reward", "k1", 0.01, "seq-mean-token-sum", {}),
     "reinforce_kl_trick": ("reinforce_kl_to_go", "reward", "k1", 0.01, "seq-mean-token-sum", {}),

@@ -1,5 +1,5 @@
 """The seed's first table: each preset's token coefficient c (by autograd through the update's loss)
-equals the ALGORITHMS.md expression up to one positive batch-wide constant, on random ragged batches
+equals the docs/algorithms.md expression up to one positive batch-wide constant, on random ragged batches
 with nonzero KL. Expected advantages are recomputed here by plain per-row loops, independently, on the
 rows that dynamic sampling keeps (dapo, vapo); dropped rows must have c = 0."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlpipe.algorithms.build import token_coefficient
-from rlpipe.algorithms.presets import PRESETS
+from rlpipe.config import PRESETS
 from rlpipe.config import AlgorithmConfig
 
 from batches import L_MAX, M, N, random_batch

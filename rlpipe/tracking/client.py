@@ -1,7 +1,7 @@
 """Tracking: one MLflow parent run per pipeline execution, one child run per stage execution.
 
 MLflow costs 2-3 s of CPU to import and open its store, and every stage is a process. So stages never
-import it: `StageTracker` streams JSON lines over a Unix socket to `rlpipe.tracking_daemon`, one daemon
+import it: `StageTracker` streams JSON lines over a Unix socket to `rlpipe.tracking.daemon`, one daemon
 per pipeline execution, started by the execution's first stage (it imports MLflow while that stage
 works) and reused by every later one. Metrics are buffered and written with `log_batch` when the stage
 ends; the stage waits for the daemon's `ok`, so what a finished stage logged is in the store.
@@ -126,7 +126,7 @@ def connect_daemon(address: str, uri: str, owner: int | None, log_path: Path) ->
         pass
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
-        subprocess.Popen([sys.executable, "-m", "rlpipe.tracking_daemon", address, uri, str(owner or "-")],
+        subprocess.Popen([sys.executable, "-m", "rlpipe.tracking.daemon", address, uri, str(owner or "-")],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:

@@ -1,4 +1,4 @@
-"""Prompt data: building the train/test splits (`prepare`) and choosing each round's prompts.
+"""Prompt data: building the train/test splits (the `prepare` stage) and choosing each round's prompts.
 
 Torch-free. Each split is a `PROMPTS` table: prompt_id, prompt (text given to the policy), answer
 (the reference the verifier checks), meta (task detail, e.g. the expected steps of `chain`).
@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from rlpipe import artifacts, paths
 from rlpipe.config import DataConfig
-from rlpipe.tasks import Example, generate_split
+from rlpipe.data.tasks import Example, generate_split
 
 
 def synthetic_splits(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
@@ -99,7 +99,8 @@ def external_splits(cfg: DataConfig) -> tuple[list[Example], list[Example]]:
                  for records, limit, source in zip(splits, limits, sources))  # type: ignore[return-value]
 
 
-def prepare(cfg: DataConfig, seed: int, train_path: Path = paths.TRAIN, test_path: Path = paths.TEST) -> dict:
+def write_splits(cfg: DataConfig, seed: int, train_path: Path = paths.TRAIN, test_path: Path = paths.TEST) -> dict:
+    """Build the train and test splits from `data` and write them; returns their sizes."""
     train, test = synthetic_splits(cfg, seed) if cfg.source == "synthetic" else external_splits(cfg)
     for split, name in ((train, "train"), (test, "test")):
         if not split:

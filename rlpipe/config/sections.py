@@ -1,26 +1,18 @@
-"""Pydantic models mirroring `params.yaml`, one per section, and `load_params()` that validates it all.
+"""The sections of `params.yaml`, one pydantic model each; `rlpipe.config.params` assembles them.
 
-Every model forbids unknown keys, and every default lives here and nowhere else. Cross-field rules
-(group estimators need >= 2 samples per prompt, rounds must chain r1 <- r0, ...) are validators, so a
-bad params file fails before any stage loads a model, with a message naming the key. This module
-imports neither torch nor transformers: each stage validates the whole file first, cheaply.
+Every model forbids unknown keys and holds its defaults (nowhere else does); every field has a
+docstring, from which docs/params.md is generated. Cross-field rules are validators that raise
+`KeyedError`, so that the message names the key. Torch-free.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from rlpipe.algorithms.presets import PRESETS
-from rlpipe.errors import PipelineError
-
-
-class ParamsError(PipelineError, ValueError):
-    """A params file that does not validate; the message names the file and each bad key."""
+from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, PresetName,
+                                      RolloutBackendName, TaskName, VerifierName)
 
 
 class KeyedError(ValueError):
@@ -35,26 +27,20 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-# ----------------------------------------------------------------------------------------------
-# Names of pluggable components. Each Literal equals its registry's keys (a test asserts it).
-PresetName = Literal[
-    "reinforce", "reinforce_kl_trick", "reinforce_pp", "rloo", "remax", "ppo", "orz",
-    "grpo", "grpo_r1", "dapo", "dr_grpo", "vapo", "grpo_process",
-]  # fmt: skip
-EstimatorName = Literal[
-    "reinforce", "reinforce_kl_to_go", "reinforce_pp", "rloo", "remax", "gae",
-    "group_norm", "group_mean", "group_process",
-]  # fmt: skip
-KLEstimatorName = Literal["k1", "k2", "k3"]
-LossAggName = Literal[
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "group-token-mean"
-]
-RolloutBackendName = Literal["hf", "vllm"]
-VerifierName = Literal["exact_match", "chain_steps", "math"]
-TaskName = Literal["addition", "chain"]
-
-# Estimators that compare a response with the rest of its group: they need M >= 2.
-GROUP_ESTIMATORS = ("rloo", "group_norm", "group_mean", "group_process")
+def error_key(loc: tuple, model: type[BaseModel]) -> str:
+    """The dotted params key of a pydantic error location, without pydantic's union-branch tags."""
+    parts: list[str] = []
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
+            parts.append(str(part))
+            current = current.model_fields[part].annotation
+        elif getattr(current, "__origin__", None) is dict:
+            parts.append(str(part))
+            current = current.__args__[1]
+        else:
+            break
+    return ".".join(parts)
 
 
 class RuntimeConfig(Section):
@@ -79,11 +65,15 @@ class DataConfig(Section):
     train_file: Optional[str] = None
     """`file`: train split, .jsonl or .parquet (relative paths are from the repo root)."""
     test_file: Optional[str] = None
+    """`file`: test split, .jsonl or .parquet (relative paths are from the repo root)."""
     hf_dataset: Optional[str] = None
     """`hf`: dataset name for `datasets.load_dataset`, e.g. openai/gsm8k."""
     hf_config: Optional[str] = None
+    """`hf`: the dataset's configuration name (the second argument of `load_dataset`), e.g. main for gsm8k."""
     train_split: str = "train"
+    """`hf`: the split used for training."""
     test_split: str = "test"
+    """`hf`: the held-out split used by `evaluate`."""
     question_field: str = "question"
     """`file`/`hf`: the column holding the problem."""
     answer_field: str = "answer"
@@ -93,6 +83,7 @@ class DataConfig(Section):
     max_train: Optional[int] = Field(None, ge=1)
     """Keep only the first rows of each split (None = all)."""
     max_test: Optional[int] = Field(None, ge=1)
+    """Keep only the first rows of the test split (None = all)."""
     prompt_template: str = "{question}"
     """Plain template of the user message; `{question}` is replaced by the problem."""
     chat_template: bool = False
@@ -118,10 +109,15 @@ class TinyModelConfig(Section):
     """The embedded policy: a small Llama built from config, no download."""
 
     layers: int = Field(4, ge=1)
+    """Transformer layers of the embedded Llama."""
     hidden: int = Field(128, ge=8)
+    """Hidden size; must be divisible by `heads`."""
     heads: int = Field(4, ge=1)
+    """Attention heads (also the key/value heads: no grouped-query attention)."""
     intermediate: int = Field(512, ge=8)
+    """Width of the MLP."""
     max_positions: int = Field(64, ge=8)
+    """Longest sequence (prompt + response) the model is built for."""
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> "TinyModelConfig":
@@ -136,15 +132,20 @@ class WarmStartConfig(Section):
     steps: int = Field(300, ge=0)
     """Optimizer steps of SFT on (prompt, answer) pairs of the train split. 0 = start from random weights."""
     lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the warm start."""
     batch_size: int = Field(64, ge=1)
+    """(prompt, answer) pairs per warm-start step, drawn with replacement."""
 
 
 class ModelConfig(Section):
     path: Optional[str] = None
     """HF model directory or hub name of the policy. null = the embedded tiny model, built in `init`."""
     dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights' dtype wherever a stage loads the policy, the reference or the critic."""
     tiny: TinyModelConfig = TinyModelConfig()
+    """Shape of the embedded model (used when `path` is null)."""
     warm_start: WarmStartConfig = WarmStartConfig()
+    """SFT of the embedded model in `init` (used when `path` is null)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,7 +161,9 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(8, ge=1)
     """L_max of the response."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; behaviour logprobs are those of softmax(logits / temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass; 1.0 = off."""
     top_k: int = Field(0, ge=0)
     """0 = off."""
     batch_size: int = Field(2048, ge=1)
@@ -184,23 +187,29 @@ class ResolvedAlgorithm(Section):
     """Every component of one algorithm, after a preset is expanded and the overrides applied."""
 
     estimator: EstimatorName = "group_norm"
+    """Advantage estimator (docs/algorithms.md, Advantage estimators)."""
     kl_placement: Literal["reward", "loss", "none"] = "none"
     """Where the KL to the reference goes: folded into the reward, added to the loss, or nowhere."""
     kl_estimator: KLEstimatorName = "k1"
+    """Estimator of the per-token KL to the reference: k1, k2 or k3."""
     kl_beta: float = Field(0.0, ge=0)
     """KL coefficient; 0 disables the KL term wherever it is placed."""
     loss_agg: LossAggName = "token-mean"
+    """How per-token losses are aggregated over the minibatch (docs/algorithms.md, Loss aggregation)."""
     eps_low: float = Field(0.2, ge=0, lt=1)
+    """Lower clip range of the ratio: clip(ratio, 1 - eps_low, 1 + eps_high)."""
     eps_high: float = Field(0.2, ge=0)
     """Clip range (1 - eps_low, 1 + eps_high); eps_high > eps_low is DAPO's clip-higher."""
     clip_ratio_c: float = Field(0.0, ge=0)
     """Dual-clip constant for negative advantages (e.g. 3.0); 0 = off."""
     entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus in the loss; 0 = off."""
     nll_coef: float = Field(0.0, ge=0)
     """mu of VAPO's positive-example NLL term."""
     whiten_advantages: bool = False
     """Whiten A over all valid tokens of the batch (ppo). The critic's returns use the raw A."""
     gamma: float = Field(1.0, ge=0, le=1)
+    """Discount of GAE and of the Monte-Carlo returns of value pretraining."""
     lam: Annotated[float, Field(ge=0, le=1)] | Literal["adaptive"] = 1.0
     """GAE lambda of the policy advantages; `adaptive` = VAPO's clamp(1 - 1/(alpha T_b), 0, 1)."""
     lambda_critic: float = Field(1.0, ge=0, le=1)
@@ -210,6 +219,7 @@ class ResolvedAlgorithm(Section):
     std_ddof: Literal[0, 1] = 0
     """0: population std (the analysis' sqrt(p(1-p))); 1: unbiased std as in verl/TRL."""
     std_eps: float = Field(1e-6, gt=0)
+    """Added to every std a value is divided by (group norm, whitening)."""
     dynamic_sampling: bool = False
     """Drop groups whose outcomes are all equal (DAPO); see rollout.oversample."""
     dynamic_sampling_metric: Literal["correct", "reward"] = "correct"
@@ -258,7 +268,7 @@ _AlgorithmOverrides = create_model(
 
 class AlgorithmConfig(_AlgorithmOverrides):
     preset: PresetName = "grpo"
-    """One of the 13 presets of ALGORITHMS.md; every other key of this section overrides one component."""
+    """One of the 13 presets of docs/algorithms.md; every other key of this section overrides one component."""
 
     @model_validator(mode="after")
     def _resolves(self) -> "AlgorithmConfig":
@@ -273,13 +283,14 @@ class AlgorithmConfig(_AlgorithmOverrides):
             return ResolvedAlgorithm(**{**PRESETS[self.preset], **self.overrides()})
         except ValidationError as err:
             first = err.errors()[0]
-            key = "algorithm." + _error_key(first["loc"], ResolvedAlgorithm)
+            key = "algorithm." + error_key(first["loc"], ResolvedAlgorithm)
             raise KeyedError(key, f"{first['msg'].removeprefix('Value error, ')} (preset {self.preset!r})") from None
 
 
 # ----------------------------------------------------------------------------------------------
 class UpdateConfig(Section):
     lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the policy (re-applied every round, so it may change between rounds)."""
     epochs: int = Field(1, ge=1)
     """Passes over the round's batch (verl: ppo_epochs)."""
     minibatch_prompts: int = Field(64, ge=1)
@@ -287,9 +298,13 @@ class UpdateConfig(Section):
     micro_batch_tokens: int = Field(16384, ge=1)
     """Token budget of one forward/backward; gradients accumulate exactly over micro-batches."""
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient-norm clip of every policy and critic step (value pretraining included)."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay of the policy."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1 of the policy."""
     adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2 of the policy."""
     shuffle: bool = True
     """Shuffle groups into minibatches (seeded)."""
     nproc: int = Field(1, ge=1)
@@ -305,6 +320,7 @@ class UpdateConfig(Section):
     round's longest sequence is <= 128 tokens, else sdpa: CPU SDPA's backward is slow on short sequences
     (eager 1.6x faster at 13 tokens, equal at 128, 0.5x at 512)."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, about a third more compute)."""
 
 
 class ValueModelConfig(Section):
@@ -314,16 +330,24 @@ class ValueModelConfig(Section):
 
 class ValuePretrainConfig(Section):
     max_steps: int = Field(100, ge=0)
+    """Most optimizer steps of value pretraining; 0 leaves the fresh value head as it is."""
     min_explained_variance: float = Field(0.5, le=1)
+    """Stop early once the held-out explained variance reaches this."""
     prompts: int = Field(512, ge=1)
+    """Prompts sampled from the init policy (M responses each) to fit the critic on."""
 
 
 class ValueConfig(Section):
     model: ValueModelConfig = ValueModelConfig()
+    """Where the critic's backbone comes from."""
     lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the critic (value pretraining and the per-round update)."""
     epochs: int = Field(1, ge=1)
+    """Passes of the per-round critic update over the round's batch."""
     clip_range: float = Field(0.2, gt=0)
+    """Clip of the value loss around the values of the rollout: V_old +- clip_range."""
     pretrain: ValuePretrainConfig = ValuePretrainConfig()
+    """Value pretraining (the `value_pretrain` stage), for presets with a critic."""
 
 
 class EvalConfig(Section):
@@ -334,6 +358,7 @@ class EvalConfig(Section):
     k: list[int] = Field(default_factory=lambda: [1, 4, 8])
     """The k of pass@k; each must be <= samples."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the sampled pass@k and maj@k (greedy pass@1 ignores it)."""
     curve: bool = True
     """Also score every round's checkpoint (greedy pass@1), for the learning curve."""
 
@@ -349,136 +374,9 @@ class TrackingConfig(Section):
     experiment: str = "rlpipe"
     """MLflow experiment name."""
     enabled: bool = True
+    """Log to MLflow (RLPIPE_TRACKING=0 also turns it off); metrics files are written either way."""
 
 
 class RoundConfig(Section):
     prev: str
     """The round whose policy this round starts from (r0 = the init policy)."""
-
-
-# ----------------------------------------------------------------------------------------------
-class Params(Section):
-    seed: int = 0
-    runtime: RuntimeConfig = RuntimeConfig()
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    reward: RewardConfig = RewardConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-    update: UpdateConfig = UpdateConfig()
-    value: ValueConfig = ValueConfig()
-    eval: EvalConfig = EvalConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    rounds: dict[str, RoundConfig] = Field(default_factory=lambda: {"r1": RoundConfig(prev="r0")})
-    """Unrolled rounds: r1 <- r0, r2 <- r1, ...; dvc.yaml runs one rollout/reward/advantage/update per key."""
-
-    @model_validator(mode="after")
-    def _cross_section(self) -> "Params":
-        algo = self.algorithm.resolve()
-        if algo.estimator in GROUP_ESTIMATORS and self.rollout.samples_per_prompt < 2:
-            raise KeyedError(
-                "rollout.samples_per_prompt",
-                f"must be >= 2 for estimator {algo.estimator!r} (preset {self.algorithm.preset!r}): "
-                f"a group of one has no baseline; got {self.rollout.samples_per_prompt}",
-            )
-        expected = [f"r{i}" for i in range(1, len(self.rounds) + 1)]
-        if list(self.rounds) != expected:
-            raise KeyedError("rounds", f"must be named {expected} in order, got {list(self.rounds)}")
-        for name, round_cfg in self.rounds.items():
-            want = f"r{int(name[1:]) - 1}"
-            if round_cfg.prev != want:
-                raise KeyedError(f"rounds.{name}.prev", f"must be {want!r}, got {round_cfg.prev!r}")
-        if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
-            raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
-        self._warn_if_answers_truncated()
-        return self
-
-    def _warn_if_answers_truncated(self) -> None:
-        """The embedded char tokenizer writes one token per character: a synthetic task whose answers
-        (plus eos) exceed rollout.max_new_tokens would be truncated, and score (almost) nothing."""
-        if self.data.source != "synthetic" or self.model.path is not None:
-            return
-        from rlpipe.tasks import longest_answer_chars
-
-        needed = longest_answer_chars(self.data.task, self.data.digits, self.data.chain_terms) + 1
-        if self.rollout.max_new_tokens < needed:
-            import warnings
-
-            warnings.warn(f"rollout.max_new_tokens = {self.rollout.max_new_tokens} is shorter than the longest "
-                          f"{self.data.task!r} answer with {self.data.digits}-digit operands ({needed} tokens with "
-                          f"eos): those responses will be truncated; set rollout.max_new_tokens >= {needed}",
-                          stacklevel=2)
-
-    # derived settings, in one place -------------------------------------------------------------
-    def resolved_verifier(self) -> VerifierName:
-        if self.reward.verifier != "auto":
-            return self.reward.verifier
-        if self.data.source != "synthetic":
-            return "math"
-        return "chain_steps" if self.data.task == "chain" else "exact_match"
-
-    @property
-    def round_names(self) -> list[str]:
-        return list(self.rounds)
-
-    @property
-    def final_round(self) -> str:
-        return self.round_names[-1]
-
-
-# ----------------------------------------------------------------------------------------------
-def _error_key(loc: tuple, model: type[BaseModel] = Params) -> str:
-    """The dotted params key of a pydantic error location, without pydantic's union-branch tags."""
-    parts: list[str] = []
-    current: Any = model
-    for part in loc:
-        if isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
-            parts.append(str(part))
-            current = current.model_fields[part].annotation
-        elif getattr(current, "__origin__", None) is dict:
-            parts.append(str(part))
-            current = current.__args__[1]
-        else:
-            break
-    return ".".join(parts)
-
-
-def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid params ({err.error_count()} error{'s' * (err.error_count() > 1)})"]
-    for e in err.errors():
-        keyed = e.get("ctx", {}).get("error")
-        if isinstance(keyed, KeyedError):
-            lines.append(f"  {keyed.key}: {keyed.message}")
-        elif e["type"] == "extra_forbidden":
-            lines.append(f"  {'.'.join(map(str, e['loc']))}: unknown key")
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {_error_key(e['loc']) or '(top level)'}: {msg} (got {e.get('input')!r})")
-    return "\n".join(lines)
-
-
-def params_from_dict(raw: dict, source: str = "params") -> Params:
-    try:
-        return Params.model_validate(raw)
-    except ValidationError as err:
-        raise ParamsError(format_validation_error(err, source)) from None
-
-
-def default_params_path() -> Path:
-    return Path(os.environ.get("RLPIPE_PARAMS", "params.yaml"))
-
-
-def load_params(path: str | Path | None = None) -> Params:
-    """Read and validate the whole params file; raise ParamsError naming every bad key."""
-    path = Path(path) if path is not None else default_params_path()
-    if not path.is_file():
-        raise ParamsError(f"{path}: params file not found (cwd {Path.cwd()})")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
-    return params_from_dict(raw, str(path))

@@ -1,10 +1,33 @@
-"""The 13 algorithm presets of ALGORITHMS.md, as departures from `ResolvedAlgorithm`'s defaults.
+"""The names of every pluggable component, and the 13 presets: pure data, no torch.
 
-Pure data, no torch: `rlpipe.config` imports it to validate params.yaml before any model loads.
-A preset names only what differs from the field defaults of `rlpipe.config.ResolvedAlgorithm`
-(eps 0.2/0.2, no dual clip, no entropy or NLL term, no whitening, gamma = lambda = 1, std ddof 0,
-eps 1e-6, no dynamic sampling, no overlong shaping). Every field stays overridable in params.yaml.
+The config validates `params.yaml` against these names before any model loads, and each registry
+(estimators, KL estimators, loss aggregations, rollout backends, verifiers) must hold exactly the
+names of its Literal here (a test asserts it). A preset names only what differs from the defaults of
+`ResolvedAlgorithm` (eps 0.2/0.2, no dual clip, no entropy or NLL term, no whitening, gamma = lambda =
+1, std ddof 0, eps 1e-6, no dynamic sampling, no overlong shaping); every component stays
+overridable in params.yaml. docs/algorithms.md gives each one's formula.
 """
+
+from typing import Literal
+
+PresetName = Literal[
+    "reinforce", "reinforce_kl_trick", "reinforce_pp", "rloo", "remax", "ppo", "orz",
+    "grpo", "grpo_r1", "dapo", "dr_grpo", "vapo", "grpo_process",
+]  # fmt: skip
+EstimatorName = Literal[
+    "reinforce", "reinforce_kl_to_go", "reinforce_pp", "rloo", "remax", "gae",
+    "group_norm", "group_mean", "group_process",
+]  # fmt: skip
+KLEstimatorName = Literal["k1", "k2", "k3"]
+LossAggName = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "group-token-mean"
+]
+RolloutBackendName = Literal["hf", "vllm"]
+VerifierName = Literal["exact_match", "chain_steps", "math"]
+TaskName = Literal["addition", "chain"]
+
+# Estimators that compare a response with the rest of its group: they need M >= 2.
+GROUP_ESTIMATORS = ("rloo", "group_norm", "group_mean", "group_process")
 
 # KL placed in the reward with k1 at beta = 0.01: the seed tables' REINFORCE-family setting.
 _KL_IN_REWARD = {"kl_placement": "reward", "kl_estimator": "k1", "kl_beta": 0.01}

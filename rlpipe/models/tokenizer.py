@@ -7,7 +7,7 @@ tokenizer that drops characters.
 
 from __future__ import annotations
 
-from rlpipe.tasks import TASK_ALPHABET
+from rlpipe.data.tasks import TASK_ALPHABET
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)

@@ -124,9 +124,7 @@ def repeated_prefix_cache(model, input_ids, attention_mask, position_ids, runs: 
 def _cannot_share_prompts(model) -> bool:
     """Gradient checkpointing turns the KV cache off. FSDP2 frees each layer's gathered weights after a
     forward, and the backward of the first of two forwards then finds them gone."""
-    from rlpipe.distributed import unwrap
-
-    inner = unwrap(model)
+    inner = getattr(model, "module", model)  # under DDP, the wrapped model
     if getattr(inner, "is_gradient_checkpointing", False):
         return True
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():

@@ -1,4 +1,4 @@
-"""The `init` stage's work: the round-0 policy, as a `save_pretrained` directory with its tokenizer.
+"""init: the round-0 policy (and reference), as a `save_pretrained` directory with its tokenizer.
 
 `model.path: null` builds the embedded tiny Llama and its character tokenizer locally and warm-starts
 it by SFT on the train split; any other path (local directory or hub name) is loaded and saved as is.
@@ -9,19 +9,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlpipe import artifacts, paths
+from rlpipe import paths
+from rlpipe.atomic import atomic_directory
 from rlpipe.config import Params
-from rlpipe.tasks import target_text
+from rlpipe.data.tasks import target_text
 
 
-def init_policy(params: Params, train_path: Path, out_dir: Path) -> dict:
-    from rlpipe.models import build_tiny_model, load_policy, save_policy
+def init(ctx) -> dict:
+    ctx.init_torch()
+    return init_policy(ctx.params, paths.TRAIN, paths.policy_dir("r0"), ctx.models)
+
+
+def init_policy(params: Params, train_path: Path, out_dir: Path, models=None) -> dict:
+    """Build (and warm-start) or load the round-0 policy and write it to `out_dir`; `models` (a
+    ModelStore) then holds it, for the stages that read it next."""
+    from rlpipe.models.policy import build_tiny_model, load_policy, save_policy
 
     metrics: dict[str, float] = {}
     if params.model.path is None:
-        from rlpipe.data import read_prompts
-        from rlpipe.tokenizer import build_char_tokenizer
-        from rlpipe.warmstart import warm_start
+        from rlpipe.data.splits import read_prompts
+        from rlpipe.models.tokenizer import build_char_tokenizer
+        from rlpipe.train.sft import warm_start
 
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(params.model.tiny, tokenizer, params.seed)
@@ -33,8 +41,10 @@ def init_policy(params: Params, train_path: Path, out_dir: Path) -> dict:
     else:
         model, tokenizer = load_policy(params.model.path, params.model.dtype)
     metrics["init/parameters"] = sum(p.numel() for p in model.parameters())
-    with artifacts.atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir) as tmp:
         save_policy(model, tokenizer, tmp)
         (tmp / paths.TRAINER_STATE).write_text(json.dumps({"round": "r0", "global_step": 0}) + "\n")
+    if models is not None:
+        models.remember_policy(out_dir, model, tokenizer, dtype=params.model.dtype)
     return metrics
 

@@ -1,10 +1,10 @@
 """What every stage entry point shares: validate params, track, time, write metrics, fail clearly.
 
-A stage script is `run_stage("rollout", body)`: the whole params file is validated before any work
-(a bad key fails here, before a model loads), the MLflow worker starts, `body(ctx)` does the stage's
-one library call and returns its metrics, which go to `runs/metrics/<stage>[_<round>].json` (a DVC
-metrics file) and to MLflow. A `PipelineError` prints as one message naming the bad key, file or
-column, and exits 1 without a traceback.
+A stage script is `run_stage("rollout")`: the whole params file is validated before any work (a bad
+key fails here, before a model loads), the MLflow tracking daemon starts, the stage's function
+(`rlpipe.stages.rollout.rollout`) does the work and returns its metrics, which go to
+`runs/metrics/<stage>[_<round>].json` and to MLflow. A `PipelineError` prints as one message naming
+the bad key, file or column, and exits 1 without a traceback.
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Callable
 
 from rlpipe import paths
-from rlpipe.artifacts import atomic_write_text
-from rlpipe.config import Params, load_params
+from rlpipe.atomic import atomic_write_text
+from rlpipe.config import load_params
 from rlpipe.errors import PipelineError
 from rlpipe.progress import bars_enabled
-from rlpipe.tracking import StageTracker
+from rlpipe.stages import STAGES, execute
+from rlpipe.tracking.client import StageTracker
 
 STARTED = time.perf_counter()
 # transformers imports scikit-learn whenever it is installed (MLflow installs it), only for assisted
@@ -31,44 +30,6 @@ STARTED = time.perf_counter()
 sys.modules.setdefault("sklearn", None)
 if not bars_enabled():  # transformers' own bars (loading, saving shards) follow ours
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-
-@dataclass
-class StageContext:
-    name: str
-    params: Params
-    round_name: str | None
-    tracker: StageTracker
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def dvc_stage(self) -> str:
-        return f"{self.name}@{self.round_name}" if self.round_name else self.name
-
-    def init_torch(self):
-        """Import torch and transformers' model classes (timed: the fixed cost of a model stage), with
-        the configured threads and the run's seed."""
-        with self.timed("import_seconds"):
-            import torch
-            import transformers.models.auto.modeling_auto  # noqa: F401  (what every model load needs)
-
-        torch.set_num_threads(self.params.runtime.torch_threads)
-        torch.manual_seed(self.params.seed)
-        return torch
-
-    def timed(self, label: str):
-        return _Timer(self.timings, label)
-
-
-class _Timer:
-    def __init__(self, sink: dict[str, float], label: str):
-        self.sink, self.label = sink, label
-
-    def __enter__(self):
-        self.started = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.sink[self.label] = self.sink.get(self.label, 0.0) + time.perf_counter() - self.started
 
 
 def process_age() -> float:
@@ -85,9 +46,11 @@ def metrics_file(name: str, round_name: str | None):
     return paths.round_metrics_path(round_name, name) if round_name else paths.METRICS / f"{name}.json"
 
 
-def run_stage(name: str, body: Callable[[StageContext], dict], with_round: bool = False) -> None:
-    parser = argparse.ArgumentParser(prog=f"stages/{name}.py", description=(body.__doc__ or "").strip())
-    if with_round:
+def run_stage(name: str) -> None:
+    spec = STAGES[name]
+    parser = argparse.ArgumentParser(prog=f"stages/{name}.py", description=(sys.modules["__main__"].__doc__ or "").strip(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if spec.per_round:
         parser.add_argument("round", help="round name, e.g. r1")
     args = parser.parse_args()
     round_name = getattr(args, "round", None)
@@ -100,12 +63,9 @@ def run_stage(name: str, body: Callable[[StageContext], dict], with_round: bool 
         sys.exit(f"{label}: round {round_name!r} is not in params.yaml rounds ({', '.join(params.rounds)})")
 
     tracker = StageTracker(params, label, round_name)
-    ctx = StageContext(name, params, round_name, tracker)
     failed = True
     try:
-        with ctx.timed("work_seconds"):
-            metrics = body(ctx) or {}
-        metrics = {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()}}
+        metrics = execute(name, params, round_name, tracker)
         tracker.log_round_metrics(metrics) if round_name else tracker.log_metrics(metrics)
         failed = False
     except PipelineError as err:

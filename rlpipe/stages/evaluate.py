@@ -1,8 +1,9 @@
-"""The `evaluate` stage's work: greedy pass@1, unbiased pass@k and maj@k on the test split.
+"""evaluate: greedy pass@1, unbiased pass@k and maj@k on the test split, and the learning curve.
 
 Both the initial (r0) and the final policy are scored on the same prompts with the same per-prompt
 seeds, so the two are a paired comparison. With `eval.curve`, every round's checkpoint is also scored
 greedily, which gives the learning curve (alongside the rollout accuracy each round trained on).
+Generation goes through the configured rollout backend, as in the rollout stage.
 """
 
 from __future__ import annotations
@@ -13,7 +14,22 @@ from math import comb
 from pathlib import Path
 
 from rlpipe import paths
+from rlpipe.atomic import atomic_write_text
 from rlpipe.config import Params
+from rlpipe.data.splits import read_prompts
+from rlpipe.rewards import verify
+from rlpipe.rollout.base import SamplingSpec
+from rlpipe.rollout.generate import generate_groups
+
+
+def evaluate(ctx) -> dict:
+    ctx.init_torch()
+    metrics = evaluate_policies(ctx.params, paths.TEST, tracker=ctx.tracker, models=ctx.models)
+    ctx.tracker.log_metrics(metrics)
+    ctx.tracker.log_metrics(metrics, to_parent=True)
+    # the results live in eval.json; evaluate.json keeps only this stage's timings, so that
+    # `dvc exp show` lists each result once
+    return {}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -25,44 +41,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 class Evaluator:
     def __init__(self, params: Params, test_path: Path):
-        import pyarrow as pa  # noqa: F401  (read_prompts returns a table)
-
-        from rlpipe.data import read_prompts
-        from rlpipe.rewards import VERIFIERS
-
         self.params = params
-        table = read_prompts(test_path)
-        self.prompts = table.slice(0, params.eval.max_prompts).to_pydict()
-        self.verify = VERIFIERS.get(params.resolved_verifier())
+        self.prompts = read_prompts(test_path).slice(0, params.eval.max_prompts).to_pydict()
 
-    def _generate(self, model, tokenizer, samples: int, greedy: bool, stream: str):
-        import torch
-
-        from rlpipe.rollout.base import GenerationRows, SamplingSpec
-        from rlpipe.rollout.hf import HFBackend
-        from rlpipe.rollout.sampling import prompt_uniforms
-        from rlpipe.prompts import encode_prompts
-
+    def _generate(self, backend, samples: int, greedy: bool, stream: str, desc: str):
         cfg = self.params.rollout
-        prompt_ids = encode_prompts(tokenizer, self.prompts["prompt"], self.params.data)
-        rows = [ids for ids in prompt_ids for _ in range(samples)]
-        uniforms = prompt_uniforms(self.params.seed, stream, self.prompts["prompt_id"], samples, cfg.max_new_tokens)
-        backend = HFBackend(model, tokenizer, cfg.batch_size)
-        spec = SamplingSpec(cfg.max_new_tokens, self.params.eval.temperature, cfg.top_k, cfg.top_p)
-        out = backend.generate(GenerationRows(rows, uniforms, torch.full((len(rows),), greedy)), spec, desc=stream)
-        texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-        answers = [a for a in self.prompts["answer"] for _ in range(samples)]
-        metas = [m for m in self.prompts["meta"] for _ in range(samples)]
-        verdicts = self.verify(texts, answers, metas)
-        return texts, [v.correct for v in verdicts], [len(r) for r in out.response_ids]
+        groups = generate_groups(backend, self.prompts["prompt"], self.prompts["prompt_id"],
+                                 greedy_pattern=[greedy] * samples, stream=stream, seed=self.params.seed,
+                                 spec=SamplingSpec(cfg.max_new_tokens, self.params.eval.temperature, cfg.top_k, cfg.top_p),
+                                 data=self.params.data, desc=desc)
+        verdicts = verify(self.params.resolved_verifier(), groups.texts, groups.per_row(self.prompts["answer"]),
+                          groups.per_row(self.prompts["meta"]), desc=f"{desc}: score")
+        return groups.texts, [v.correct for v in verdicts], [len(r) for r in groups.output.response_ids]
 
-    def greedy_pass_at_1(self, model, tokenizer) -> float:
-        _, correct, _ = self._generate(model, tokenizer, 1, True, "eval greedy")
+    def greedy_pass_at_1(self, backend, policy: str) -> float:
+        """Greedy pass@1 of the policy `backend` generates from (`policy` names it in progress bars)."""
+        _, correct, _ = self._generate(backend, 1, True, "eval greedy", f"eval {policy} greedy")
         return sum(correct) / len(correct)
 
-    def sampled(self, model, tokenizer) -> dict[str, float]:
+    def sampled(self, backend, policy: str) -> dict[str, float]:
         n = self.params.eval.samples
-        texts, correct, lengths = self._generate(model, tokenizer, n, False, "eval sampled")
+        texts, correct, lengths = self._generate(backend, n, False, "eval sampled", f"eval {policy} sampled")
         out: dict[str, float] = {}
         groups = [range(i * n, (i + 1) * n) for i in range(len(self.prompts["prompt"]))]
         for k in self.params.eval.k:
@@ -80,23 +79,23 @@ class Evaluator:
         return out
 
 
-def evaluate(params: Params, test_path: Path, out_path: Path = paths.EVAL, curve_path: Path = paths.ROUND_CURVE,
-             plots_dir: Path = paths.PLOTS, tracker=None) -> dict:
-    from rlpipe.artifacts import atomic_write_text
-    from rlpipe.models import load_policy
+def evaluate_policies(params: Params, test_path: Path, out_path: Path = paths.EVAL,
+                      curve_path: Path = paths.ROUND_CURVE, plots_dir: Path = paths.PLOTS, tracker=None,
+                      models=None) -> dict:
+    from rlpipe.models.store import ModelStore
 
+    models = models or ModelStore()
     evaluator = Evaluator(params, test_path)
-    rounds = ["r0", *params.round_names]
     results: dict[str, dict[str, float]] = {}
     curve = []
-    for name in rounds:
+    for name in ["r0", *params.round_names]:
         is_endpoint = name in ("r0", params.final_round)
         if not (is_endpoint or params.eval.curve):
             continue
-        model, tokenizer = load_policy(paths.policy_dir(name), params.model.dtype)
-        point: dict[str, float] = {"round": paths.round_index(name), "pass@1": evaluator.greedy_pass_at_1(model, tokenizer)}
+        backend = models.rollout_backend(paths.policy_dir(name), params.rollout, params.model.dtype)
+        point: dict[str, float] = {"round": paths.round_index(name), "pass@1": evaluator.greedy_pass_at_1(backend, name)}
         if is_endpoint:
-            results[name] = {"pass@1": point["pass@1"], **evaluator.sampled(model, tokenizer)}
+            results[name] = {"pass@1": point["pass@1"], **evaluator.sampled(backend, name)}
         state = json.loads((paths.policy_dir(name) / paths.TRAINER_STATE).read_text())
         point.update({f"train_{k}": v for k, v in state.get("summary", {}).items() if isinstance(v, (int, float))})
         curve.append(point)

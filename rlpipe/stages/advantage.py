@@ -1,4 +1,4 @@
-"""The `advantage` stage's work: from scored rollouts to the round's training batch.
+"""advantage@rK: from scored rollouts to the round's training batch.
 
 In order: reward shaping (overlong penalty, when the algorithm asks for it), dynamic sampling (drop
 groups that carry no signal, keep at most `prompts_per_round`), old logprobs (behaviour logprobs, or a
@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpipe import artifacts
+from rlpipe import artifacts, paths
 from rlpipe.config import Params, ResolvedAlgorithm
 
 
@@ -47,19 +47,28 @@ def select_groups(spec: ResolvedAlgorithm, columns: artifacts.Columns, shaped: l
     return GroupSelection(kept_rows, generated, generated - len(informative), len(kept_groups))
 
 
+def advantage(ctx) -> dict:
+    ctx.init_torch()
+    name, prev = ctx.round_name, ctx.prev_round
+    return build_batch(ctx.params, name, paths.rewards_path(name), paths.policy_dir(prev), paths.policy_dir("r0"),
+                       paths.critic_dir(prev), paths.batch_path(name), ctx.models)
+
+
 def needs_old_recompute(params: Params) -> bool:
     mode = params.rollout.recompute_old_logprobs
     return mode == "always" or (mode == "auto" and params.rollout.backend != "hf")
 
 
 def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path: Path, ref_path: Path,
-                critic_path: Path, out_path: Path) -> dict:
+                critic_path: Path, out_path: Path, models=None) -> dict:
     import torch
 
     from rlpipe.algorithms.build import compute_round_advantages
-    from rlpipe.models import check_compatible
-    from rlpipe.sequences import pad_ragged
+    from rlpipe.models.policy import check_compatible
+    from rlpipe.models.sequences import pad_ragged
+    from rlpipe.models.store import ModelStore
 
+    models = models or ModelStore()
     spec, cfg = params.algorithm.resolve(), params.rollout
     table = artifacts.read_round_table(rewards_path, artifacts.REWARDS, cfg.samples_per_prompt, int(spec.greedy_baseline))
     check_compatible({"policy": policy_path, **({"reference": ref_path} if spec.needs_reference else {}),
@@ -85,7 +94,7 @@ def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path
         response_ids = [columns["response_ids"][i] for i in rows]
         width = max(len(r) for r in response_ids)
         mask = pad_ragged(response_ids, 0, torch.long, width=width)[1]
-        logprobs = RoundLogprobs(params, prompt_ids, response_ids, width)
+        logprobs = RoundLogprobs(params, prompt_ids, response_ids, width, models)
         old_logp = pad_ragged([old[i] for i in rows], 0.0, torch.float32, width=width)[0]
         if needs_old_recompute(params):
             recomputed = logprobs.of(policy_path)
@@ -97,9 +106,11 @@ def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path
             ref_logp = old_logp if Path(ref_path).resolve() == Path(policy_path).resolve() else logprobs.of(ref_path)
         values = None
         if spec.needs_critic:
-            from rlpipe.value_model import critic_values
+            from rlpipe.models.critic import critic_values
 
-            values = critic_values(critic_path, prompt_ids, response_ids, width, params.update.micro_batch_tokens)
+            critic, critic_tokenizer = models.critic(critic_path, params.model.dtype)
+            values = critic_values(critic, critic_tokenizer.pad_token_id, prompt_ids, response_ids, width,
+                                   params.update.micro_batch_tokens)
         group_ids = sorted({columns["group"][i] for i in rows})
         dense = {g: k for k, g in enumerate(group_ids)}
         baseline = None
@@ -139,14 +150,14 @@ def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path
 class RoundLogprobs:
     """Trainer-side logprobs of the round's kept responses under a given checkpoint."""
 
-    def __init__(self, params: Params, prompt_ids, response_ids, width: int):
+    def __init__(self, params: Params, prompt_ids, response_ids, width: int, models):
         self.params, self.prompt_ids, self.response_ids, self.width = params, prompt_ids, response_ids, width
+        self.models = models
 
     def of(self, model_path: Path):
-        from rlpipe.models import load_policy
-        from rlpipe.sequences import batched_response_logprobs
+        from rlpipe.models.sequences import batched_response_logprobs
 
-        model, tokenizer = load_policy(model_path, self.params.model.dtype)
+        model, tokenizer = self.models.policy(model_path, self.params.model.dtype)
         return batched_response_logprobs(
             model, self.prompt_ids, self.response_ids, tokenizer.pad_token_id, self.params.rollout.temperature,
             self.params.update.micro_batch_tokens, self.width,

@@ -1,4 +1,4 @@
-"""The critic: the LM backbone with a scalar value head, and its per-round update.
+"""The critic: the LM backbone with a scalar value head (its training is in `rlpipe.train.critic`).
 
 It is a transformers token-classification model with one label (as verl's critic), so
 `AutoModelForTokenClassification.from_pretrained(dir)` reloads backbone and head from the directory
@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlpipe import artifacts, paths
-from rlpipe.config import Params
+from rlpipe import paths
+from rlpipe.atomic import atomic_directory
 
 CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"
 
 
 def write_no_critic_marker(out_dir: Path, preset: str) -> dict:
-    with artifacts.atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir) as tmp:
         (tmp / paths.NO_CRITIC_MARKER).write_text(json.dumps({"critic": None, "preset": preset}) + "\n")
     return {"value/critic": 0}
 
@@ -28,7 +28,7 @@ def load_critic(path: str | Path, dtype: str = "float32", from_policy: bool = Fa
     """(critic, tokenizer). With `from_policy`, a fresh value head on the policy's backbone."""
     from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
-    from rlpipe.models import torch_dtype
+    from rlpipe.models.policy import torch_dtype
 
     path = str(path)
     if (Path(path) / paths.NO_CRITIC_MARKER).is_file():
@@ -52,16 +52,16 @@ def critic_forward(critic, batch):
     return values.float().masked_fill(~batch.response_mask, 0.0)
 
 
-def critic_values(critic_path: Path, prompt_ids, response_ids, width: int, token_budget: int, dtype: str = "float32"):
+def critic_values(critic, pad_id: int, prompt_ids, response_ids, width: int, token_budget: int):
+    """(B, width) values of every response's states under `critic`, in token-budget chunks."""
     import torch
 
-    from rlpipe.sequences import pack, token_budget_chunks
+    from rlpipe.models.sequences import pack, token_budget_chunks
 
-    critic, tokenizer = load_critic(critic_path, dtype)
     out = torch.zeros((len(prompt_ids), width))
     with torch.no_grad():
         for rows in token_budget_chunks([len(p) + width for p in prompt_ids], token_budget):
-            batch = pack(prompt_ids[rows], response_ids[rows], tokenizer.pad_token_id, response_width=width)
+            batch = pack(prompt_ids[rows], response_ids[rows], pad_id, response_width=width)
             out[rows] = critic_forward(critic, batch)
     return out
 
@@ -71,18 +71,3 @@ def explained_variance(values, returns, mask) -> float:
     g, v = returns[mask], values[mask]
     var = g.var(unbiased=False)
     return float(1 - (g - v).var(unbiased=False) / var) if var > 0 else float("nan")
-
-
-def update_critic(params: Params, round_name: str, batch_path: Path, critic_prev: Path, out_dir: Path,
-                  world=None) -> dict:
-    """Fit the critic to the batch's returns with the clipped value loss; critic-free: the marker.
-    `world` is the torchrun world when every rank takes part (rank 0 writes)."""
-    from rlpipe.distributed import World
-
-    world = world or World()
-    spec = params.algorithm.resolve()
-    if not spec.needs_critic:
-        return write_no_critic_marker(out_dir, params.algorithm.preset) if world.is_main else {"value/critic": 0}
-    from rlpipe.critic_training import train_critic
-
-    return train_critic(params, round_name, batch_path, critic_prev, out_dir, world)

@@ -1,8 +1,8 @@
-"""Loading and saving the policy, the reference and (see `rlpipe.value_model`) the critic.
+"""The policy (and the reference, the same kind of model): building, loading, saving, compatibility.
 
 The policy is any causal LM that `AutoModelForCausalLM.from_pretrained(dir)` loads; the embedded one is
 a tiny Llama built from config. Compatibility between policy, reference and critic (same vocab and
-tokenizer) is checked at load, naming both paths.
+tokenizer) is checked at load, naming both paths. The critic is in `rlpipe.models.critic`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from rlpipe import paths
 from rlpipe.config import ModelConfig, TinyModelConfig
 from rlpipe.errors import PipelineError
 
@@ -81,10 +82,8 @@ def check_compatible(checkpoints: dict[str, str | Path]) -> None:
     """Raise naming both paths when two of the given checkpoints (role -> directory) cannot share a
     batch of token ids: different embedding vocab size, or a different tokenizer (vocabulary or
     special ids). Directories that hold no model (the critic-free marker) are skipped."""
-    from rlpipe import paths as layout
-
     present = {role: Path(p) for role, p in checkpoints.items()
-               if not (Path(p) / layout.NO_CRITIC_MARKER).is_file()}
+               if not (Path(p) / paths.NO_CRITIC_MARKER).is_file()}
     if len(present) < 2:
         return
     signatures = {role: checkpoint_signature(p) for role, p in present.items()}

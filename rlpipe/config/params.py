@@ -1,0 +1,172 @@
+"""`Params`, the whole `params.yaml`, and `load_params()`, which validates it before any stage works.
+
+Cross-section rules (group estimators need >= 2 samples per prompt, rounds must chain r1 <- r0, ...)
+are validators, so a bad params file fails before any model loads, with a message naming the key. An
+unknown key names the nearest valid one. Torch-free: every stage validates the whole file first,
+cheaply.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from rlpipe.config.components import GROUP_ESTIMATORS, VerifierName
+from rlpipe.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, KeyedError, ModelConfig, RewardConfig,
+                                    RolloutConfig, RoundConfig, RuntimeConfig, Section, TrackingConfig, UpdateConfig,
+                                    ValueConfig, error_key)
+from rlpipe.errors import PipelineError
+
+
+class ParamsError(PipelineError, ValueError):
+    """A params file that does not validate; the message names the file and each bad key."""
+
+
+class Params(Section):
+    seed: int = 0
+    """Seed of everything random: data generation, the embedded model's init, sampling, shuffling."""
+    runtime: RuntimeConfig = RuntimeConfig()
+    """How stages run (threads); changes no result."""
+    data: DataConfig = DataConfig()
+    """The prompts: synthetic task, local files or a hub dataset."""
+    model: ModelConfig = ModelConfig()
+    """The policy: the embedded tiny model or a checkpoint."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Sampling the round's responses."""
+    reward: RewardConfig = RewardConfig()
+    """Verifying the responses."""
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    """The RL algorithm: a preset, and an override for any of its components."""
+    update: UpdateConfig = UpdateConfig()
+    """The policy update (and the critic's optimisation settings it shares)."""
+    value: ValueConfig = ValueConfig()
+    """The critic, for presets with one (ppo, orz, vapo)."""
+    eval: EvalConfig = EvalConfig()
+    """Scoring the policies on the test split."""
+    tracking: TrackingConfig = TrackingConfig()
+    """MLflow."""
+    rounds: dict[str, RoundConfig] = Field(default_factory=lambda: {"r1": RoundConfig(prev="r0")})
+    """Unrolled rounds: r1 <- r0, r2 <- r1, ...; dvc.yaml runs one rollout/reward/advantage/update per key."""
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "Params":
+        algo = self.algorithm.resolve()
+        if algo.estimator in GROUP_ESTIMATORS and self.rollout.samples_per_prompt < 2:
+            raise KeyedError(
+                "rollout.samples_per_prompt",
+                f"must be >= 2 for estimator {algo.estimator!r} (preset {self.algorithm.preset!r}): "
+                f"a group of one has no baseline; got {self.rollout.samples_per_prompt}",
+            )
+        expected = [f"r{i}" for i in range(1, len(self.rounds) + 1)]
+        if list(self.rounds) != expected:
+            raise KeyedError("rounds", f"must be named {expected} in order, got {list(self.rounds)}")
+        for name, round_cfg in self.rounds.items():
+            want = f"r{int(name[1:]) - 1}"
+            if round_cfg.prev != want:
+                raise KeyedError(f"rounds.{name}.prev", f"must be {want!r}, got {round_cfg.prev!r}")
+        if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
+            raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
+        self._warn_if_answers_truncated()
+        return self
+
+    def _warn_if_answers_truncated(self) -> None:
+        """The embedded char tokenizer writes one token per character: a synthetic task whose answers
+        (plus eos) exceed rollout.max_new_tokens would be truncated, and score (almost) nothing."""
+        if self.data.source != "synthetic" or self.model.path is not None:
+            return
+        from rlpipe.data.tasks import longest_answer_chars
+
+        needed = longest_answer_chars(self.data.task, self.data.digits, self.data.chain_terms) + 1
+        if self.rollout.max_new_tokens < needed:
+            import warnings
+
+            warnings.warn(f"rollout.max_new_tokens = {self.rollout.max_new_tokens} is shorter than the longest "
+                          f"{self.data.task!r} answer with {self.data.digits}-digit operands ({needed} tokens with "
+                          f"eos): those responses will be truncated; set rollout.max_new_tokens >= {needed}",
+                          stacklevel=2)
+
+    # derived settings, in one place -------------------------------------------------------------
+    def resolved_verifier(self) -> VerifierName:
+        if self.reward.verifier != "auto":
+            return self.reward.verifier
+        if self.data.source != "synthetic":
+            return "math"
+        return "chain_steps" if self.data.task == "chain" else "exact_match"
+
+    @property
+    def round_names(self) -> list[str]:
+        return list(self.rounds)
+
+    @property
+    def final_round(self) -> str:
+        return self.round_names[-1]
+
+
+# ----------------------------------------------------------------------------------------------
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model that holds the last key of `loc` (the section an unknown key was written in)."""
+    current: Any = Params
+    for part in loc[:-1]:
+        if isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
+            current = current.model_fields[part].annotation
+        elif getattr(current, "__origin__", None) is dict:
+            current = current.__args__[1]
+        else:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def unknown_key_message(loc: tuple) -> str:
+    """`unknown key`, with the nearest valid key of the same section when one is close."""
+    model = _model_at(loc)
+    valid = list(model.model_fields) if model is not None else []
+    close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+    if not close:
+        return "unknown key"
+    return f"unknown key; did you mean {'.'.join(map(str, (*loc[:-1], close[0])))}?"
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid params ({err.error_count()} error{'s' * (err.error_count() > 1)})"]
+    for e in err.errors():
+        keyed = e.get("ctx", {}).get("error")
+        if isinstance(keyed, KeyedError):
+            lines.append(f"  {keyed.key}: {keyed.message}")
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"  {'.'.join(map(str, e['loc']))}: {unknown_key_message(e['loc'])}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {error_key(e['loc'], Params) or '(top level)'}: {msg} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def params_from_dict(raw: dict, source: str = "params") -> Params:
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ParamsError(format_validation_error(err, source)) from None
+
+
+def default_params_path() -> Path:
+    return Path(os.environ.get("RLPIPE_PARAMS", "params.yaml"))
+
+
+def load_params(path: str | Path | None = None) -> Params:
+    """Read and validate the whole params file; raise ParamsError naming every bad key."""
+    path = Path(path) if path is not None else default_params_path()
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found (cwd {Path.cwd()})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    return params_from_dict(raw, str(path))

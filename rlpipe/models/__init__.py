@@ -1,0 +1,2 @@
+"""The models: the policy (and reference), the critic, the embedded tokenizer, and how token ids become
+model inputs and per-token logprobs (`sequences`)."""

@@ -1,0 +1,170 @@
+"""Where a stage gets its models: from memory when it holds exactly what the artifact on disk holds, else
+from disk.
+
+A `ModelStore` keys each model it holds by the checkpoint directory it was loaded from or written to,
+and by that directory's *identity*: (relative path, size, mtime, inode) of every file in it, recorded
+when the store loaded or wrote it. A lookup recomputes the identity from disk, so a checkpoint edited by
+hand, checked out by DVC or written by another experiment (any of which changes a file's mtime or inode)
+is loaded again; a match means no file was rewritten since.
+
+A stage process (cold) uses a store of its own, which lives for that stage only. The warm worker keeps
+one store across the stages of a pipeline execution: the update leaves the trained policy, its
+optimizer and the critic in memory, keyed by the checkpoints it wrote, and the next rollout, advantage
+and update find them there. A model handed out for training leaves the store (the caller changes it in
+place); it comes back with `remember_*` once its new checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_MODELS = 3
+"""Models kept at once (policy, reference, critic); the least recently used goes first."""
+
+Identity = tuple[tuple[str, int, int, int], ...]
+
+
+def identity(directory: Path) -> Identity | None:
+    """(relative path, size, mtime_ns, inode) of every file under `directory`, or None if it is missing."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    out = []
+    for dirpath, _, files in os.walk(directory):
+        for name in files:
+            path = Path(dirpath) / name
+            info = path.stat()
+            out.append((path.relative_to(directory).as_posix(), info.st_size, info.st_mtime_ns, info.st_ino))
+    return tuple(sorted(out))
+
+
+@dataclass
+class Held:
+    identity: Identity
+    objects: tuple  # (model, tokenizer, optimizer or None)
+
+
+@dataclass
+class ModelStore:
+    """Policies, critics and the rollout engine of one stage (cold) or of one pipeline execution (warm)."""
+
+    held: "OrderedDict[tuple[str, str], Held]" = field(default_factory=OrderedDict)
+    engine: Any = None
+    loads: int = 0
+    """Checkpoints loaded from disk (the figure the warm worker exists to bring down)."""
+    reused: int = 0
+    inference_attention: str | None = None
+    """The attention kernel a fresh load gets; a model trained with another is set back to it."""
+
+    # --- lookups -----------------------------------------------------------------------------------
+    def _key(self, kind: str, path: Path, dtype: str) -> tuple[str, str, str]:
+        return kind, str(Path(path).resolve()), dtype
+
+    def _find(self, kind: str, path: Path, dtype: str, take: bool) -> tuple | None:
+        key = self._key(kind, path, dtype)
+        held = self.held.get(key)
+        if held is None:
+            return None
+        if held.identity != identity(Path(path)):
+            del self.held[key]  # the checkpoint changed on disk since: never serve the old one
+            return None
+        self.reused += 1
+        if take:
+            del self.held[key]
+        else:
+            self.held.move_to_end(key)
+        return held.objects
+
+    def _keep(self, kind: str, path: Path, dtype: str, objects: tuple, known: Identity | None) -> None:
+        """Hold `objects` as what `path` holds, its identity taken before it was read (a file rewritten
+        while it was read then fails the next lookup) or right after it was written."""
+        if known is None:
+            return
+        self.held[self._key(kind, path, dtype)] = Held(known, objects)
+        while len(self.held) > MAX_MODELS:
+            self.held.popitem(last=False)
+
+    def _load_policy(self, path: Path, dtype: str):
+        from rlpipe.models.policy import load_policy
+
+        self.loads += 1
+        model, tokenizer = load_policy(path, dtype)
+        self.inference_attention = self.inference_attention or model.config._attn_implementation
+        return model, tokenizer
+
+    def _load_critic(self, path: Path, dtype: str):
+        from rlpipe.models.critic import load_critic
+
+        self.loads += 1
+        return load_critic(path, dtype)
+
+    # --- the policy and the critic ----------------------------------------------------------------
+    def _for_inference(self, kind: str, path: Path, dtype: str, load):
+        found = self._find(kind, path, dtype, take=False)
+        if found is not None:
+            return found[0], found[1]
+        before = identity(Path(path))
+        model, tokenizer = load(path, dtype)
+        self._keep(kind, path, dtype, (model, tokenizer, None), before)
+        return model, tokenizer
+
+    def _for_training(self, kind: str, path: Path, dtype: str, load):
+        found = self._find(kind, path, dtype, take=True)
+        return found if found is not None else (*load(path, dtype), None)
+
+    def _remember(self, kind: str, path: Path, model, tokenizer, optimizer, dtype: str) -> None:
+        from rlpipe.models.policy import torch_dtype
+
+        if next(model.parameters()).dtype != torch_dtype(dtype):
+            return  # not what loading `path` in `dtype` gives (a float32 build saved for a bfloat16 run)
+        if getattr(model, "is_gradient_checkpointing", False):
+            model.gradient_checkpointing_disable()
+        if self.inference_attention and model.config._attn_implementation != self.inference_attention:
+            model.set_attn_implementation(self.inference_attention)
+        for parameter in model.parameters():
+            parameter.grad = None
+        model.eval()
+        self._keep(kind, path, dtype, (model, tokenizer, optimizer), identity(Path(path)))
+
+    def policy(self, path: Path, dtype: str):
+        """(model, tokenizer) of a policy checkpoint, for inference: eval mode; do not change it."""
+        return self._for_inference("policy", path, dtype, self._load_policy)
+
+    def policy_for_training(self, path: Path, dtype: str):
+        """(model, tokenizer, optimizer or None): the caller owns them and changes them in place. The
+        optimizer is the one that wrote `path`'s optimizer state, when the store holds it; None means
+        build it from the file."""
+        return self._for_training("policy", path, dtype, self._load_policy)
+
+    def remember_policy(self, path: Path, model, tokenizer, optimizer=None, dtype: str = "float32") -> None:
+        """Hold a policy just written to `path` (with the optimizer whose state is in it), set back to
+        what a fresh load gives: eval mode, the inference attention kernel, no gradients."""
+        self._remember("policy", path, model, tokenizer, optimizer, dtype)
+
+    def critic(self, path: Path, dtype: str):
+        return self._for_inference("critic", path, dtype, self._load_critic)
+
+    def critic_for_training(self, path: Path, dtype: str):
+        return self._for_training("critic", path, dtype, self._load_critic)
+
+    def remember_critic(self, path: Path, critic, tokenizer, optimizer=None, dtype: str = "float32") -> None:
+        self._remember("critic", path, critic, tokenizer, optimizer, dtype)
+
+    # --- generation --------------------------------------------------------------------------------
+    def rollout_backend(self, path: Path, cfg, dtype: str):
+        """A generation backend on the policy at `path` (see rlpipe.rollout): the HF backend on the held
+        model, or the one vLLM engine, with `path`'s weights loaded into it in place."""
+        from rlpipe.rollout import ROLLOUT_BACKENDS
+
+        return ROLLOUT_BACKENDS.get(cfg.backend)(self, Path(path), cfg, dtype)
+
+    def forget_all(self) -> None:
+        """Drop every model (after a failed stage, which may have left one half-trained); the engine stays,
+        its weights marked unknown, so that the next use loads them again."""
+        self.held.clear()
+        if self.engine is not None:
+            self.engine.loaded_identity = None

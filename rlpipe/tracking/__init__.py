@@ -1,0 +1,1 @@
+"""Tracking: MLflow through one daemon per pipeline execution (`client` in the stages, `daemon` beside them)."""

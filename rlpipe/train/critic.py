@@ -1,0 +1,211 @@
+"""Training the critic: value pretraining, the per-round clipped value update, and the step they share.
+
+Value pretraining (`pretrain_critic`) fits a fresh value head on the policy's backbone (or
+`value.model.path`) to Monte-Carlo returns (lambda = 1) of responses sampled from the init policy: G_t =
+gamma^(T_b - 1 - t) r_b. A quarter of the prompts is held out; training stops when the held-out
+explained variance reaches `value.pretrain.min_explained_variance`, or after `value.pretrain.max_steps`
+steps. The per-round update (`update_critic`) fits V to the batch's returns with the clipped value loss
+0.5 max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2), token-mean over the kept tokens, with its
+own lr, epochs and clip range; its optimizer state is saved beside the critic and carried across rounds.
+Under torchrun it runs on every rank like the policy update: each minibatch's groups are dealt to the
+ranks, the token count is all-reduced so the token-mean is over the whole minibatch, and each rank's loss
+is scaled by the world size against DDP's gradient mean; rank 0 writes the critic.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlpipe import artifacts, paths
+from rlpipe.atomic import atomic_directory
+from rlpipe.config import Params
+from rlpipe.models.critic import (CRITIC_OPTIMIZER_FILE, critic_forward, explained_variance, load_critic,
+                                  write_no_critic_marker)
+from rlpipe.models.sequences import pack, pad_ragged, token_budget_chunks
+from rlpipe.progress import progress
+from rlpipe.train.distributed import World, unwrap, wrap_model
+from rlpipe.train.loop import make_adamw, minibatches, optimizer_step, saved_optimizer, set_lr, step_means
+
+EVAL_EVERY = 5
+
+
+@dataclass
+class ValueTargets:
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    returns: torch.Tensor  # (B, T)
+    old_values: torch.Tensor | None  # (B, T), for value clipping
+    mask: torch.Tensor  # (B, T) bool
+
+    def rows(self, idx: list[int]) -> "ValueTargets":
+        return ValueTargets([self.prompt_ids[i] for i in idx], [self.response_ids[i] for i in idx],
+                            self.returns[idx], None if self.old_values is None else self.old_values[idx], self.mask[idx])
+
+
+def make_critic_optimizer(critic, params: Params, state_path: Path | None):
+    return make_adamw(critic.parameters(), params.value.lr, state_path=state_path)
+
+
+def value_step(critic, optimizer, targets: ValueTargets | None, params: Params, pad_id: int, label: str,
+               world: World = World()) -> dict[str, float]:
+    """One optimizer step of the (clipped, when old values are given) value loss, token-mean over the
+    whole minibatch (all ranks' shares). `targets` is None on a rank with no share of this minibatch."""
+    from rlpipe.algorithms.losses import value_loss
+
+    local_tokens = targets.mask.sum() if targets is not None else torch.tensor(0)
+    total_tokens = local_tokens.to(torch.float64)
+    if world.distributed:
+        total_tokens = total_tokens.to(world.device)
+        torch.distributed.all_reduce(total_tokens)
+        total_tokens = total_tokens.cpu()
+    total_tokens = total_tokens.clamp(min=1).float()
+    chunks = [] if targets is None else \
+        token_budget_chunks([len(p) + targets.mask.shape[1] for p in targets.prompt_ids], params.update.micro_batch_tokens)
+
+    def micro_batch_loss(rows: slice):
+        batch = pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id,
+                     response_width=targets.mask.shape[1]).to(world.device)
+        values = critic_forward(critic, batch)
+        old = targets.old_values[rows].to(world.device) if targets.old_values is not None else values.detach()
+        per_token, clip_mask = value_loss(values, old, targets.returns[rows].to(world.device), params.value.clip_range)
+        mask = targets.mask[rows].to(world.device)
+        loss = (per_token * mask).sum() / total_tokens.to(world.device)
+        return loss, {"value_loss": loss.item(), "value_clipped_tokens": float((clip_mask & mask).sum())}
+
+    sums, grad_norm = optimizer_step(critic, optimizer, chunks, micro_batch_loss, max_grad_norm=params.update.max_grad_norm,
+                                     label=f"{label} (critic)", world=world, update=params.update)
+    return {"value_loss": sums.get("value_loss", 0.0),
+            "value_clip_fraction": sums.get("value_clipped_tokens", 0.0) / float(total_tokens),
+            "value_grad_norm": grad_norm}
+
+
+@torch.no_grad()
+def predict(critic, targets: ValueTargets, params: Params, pad_id: int) -> torch.Tensor:
+    width = targets.mask.shape[1]
+    out = torch.zeros_like(targets.returns)
+    for rows in token_budget_chunks([len(p) + width for p in targets.prompt_ids], params.update.micro_batch_tokens):
+        out[rows] = critic_forward(critic, pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id,
+                                                response_width=width))
+    return out
+
+
+def save_critic(critic, tokenizer, optimizer, out_dir: Path, state: dict) -> None:
+    with atomic_directory(out_dir) as tmp:
+        critic.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
+        (tmp / paths.TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def batch_targets(columns: artifacts.Columns, rows: list[int]) -> ValueTargets:
+    response_ids = [columns["response_ids"][i] for i in rows]
+    width = max(len(r) for r in response_ids)
+
+    def padded(name: str) -> torch.Tensor:
+        return pad_ragged([columns[name][i] for i in rows], 0.0, torch.float32, width=width)[0]
+
+    return ValueTargets([columns["prompt_ids"][i] for i in rows], response_ids, padded("returns"),
+                        padded("values"), pad_ragged(response_ids, 0, torch.long, width=width)[1])
+
+
+def update_critic(params: Params, round_name: str, batch_path: Path, critic_prev: Path, out_dir: Path,
+                  world: World = World(), models=None) -> dict:
+    """Fit the critic to the batch's returns with the clipped value loss; critic-free presets get the
+    marker. Under torchrun every rank takes part and rank 0 writes."""
+    if not params.algorithm.resolve().needs_critic:
+        return write_no_critic_marker(out_dir, params.algorithm.preset) if world.is_main else {"value/critic": 0}
+    return train_critic(params, round_name, batch_path, critic_prev, out_dir, world, models)
+
+
+def train_critic(params: Params, round_name: str, batch_path: Path, critic_prev: Path, out_dir: Path,
+                 world: World = World(), models=None) -> dict:
+    from rlpipe.models.store import ModelStore
+
+    models = models or ModelStore()
+    columns = artifacts.Columns.of(artifacts.read_table(batch_path, artifacts.BATCH))
+    rows = [i for i, kept in enumerate(columns["kept"]) if kept]
+    critic, tokenizer, optimizer = models.critic_for_training(critic_prev, params.model.dtype)
+    critic = wrap_model(critic.to(world.device), params.update.strategy, world)
+    if optimizer is None:  # value pretraining writes the critic's optimizer state, even after 0 steps
+        optimizer = make_critic_optimizer(critic, params, saved_optimizer(critic_prev, CRITIC_OPTIMIZER_FILE, trained=True))
+    set_lr(optimizer, params.value.lr)
+    metrics: dict[str, float] = {}
+    if rows:
+        targets = batch_targets(columns, rows)
+        metrics["value/explained_variance"] = explained_variance(targets.old_values, targets.returns, targets.mask)
+        groups: dict[int, list[int]] = {}
+        for k, i in enumerate(rows):
+            groups.setdefault(columns["group"][i], []).append(k)
+        rng, steps = random.Random(f"{params.seed}:critic:{round_name}"), []
+        critic.train()
+        for mb_groups in minibatches(list(groups), params.update.minibatch_prompts, params.value.epochs,
+                                     params.update.shuffle, rng):
+            idx = [k for g in world.shard(mb_groups) for k in groups[g]]
+            steps.append(value_step(critic, optimizer, targets.rows(idx) if idx else None, params,
+                                    tokenizer.pad_token_id, f"update@{round_name} critic step {len(steps) + 1}", world))
+        critic.eval()
+        metrics.update({f"value/{name}": value for name, value in step_means(steps).items()})
+    if world.is_main:
+        save_critic(unwrap(critic), tokenizer, optimizer, out_dir, {"round": round_name, **metrics})
+        models.remember_critic(out_dir, unwrap(critic), tokenizer, optimizer, params.model.dtype)
+    world.barrier()
+    return metrics
+
+
+# --- value pretraining ----------------------------------------------------------------------------------
+def monte_carlo_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B, T) G_t = gamma^(T_b - 1 - t) r_b on valid tokens, 0 elsewhere (lambda = 1, V_T = 0)."""
+    lengths = mask.sum(dim=1, keepdim=True)
+    t = torch.arange(mask.shape[1]).unsqueeze(0)
+    return (gamma ** (lengths - 1 - t).clamp(min=0).float()) * rewards.unsqueeze(1) * mask
+
+
+def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
+                    groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None) -> dict:
+    """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
+    `groups`, one group per prompt) and write the round-0 critic to `out_dir`."""
+    cfg = params.value.pretrain
+    mask = pad_ragged(response_ids, 0, torch.long)[1]
+    returns = monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma)
+    targets = ValueTargets(prompt_ids, response_ids, returns, None, mask)
+    n_groups = max(groups) + 1
+    held_out = set(random.Random(f"{params.seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
+    train_idx = [i for i, g in enumerate(groups) if g not in held_out]
+    eval_targets = targets.rows([i for i, g in enumerate(groups) if g in held_out])
+
+    critic, tokenizer = load_critic(backbone, params.model.dtype, from_policy=True)
+    optimizer = make_critic_optimizer(critic, params, None)
+    rng = random.Random(f"{params.seed}:value_pretrain")
+    batch_rows = params.update.minibatch_prompts * params.rollout.samples_per_prompt
+    ev, step, history = float("-inf"), 0, []
+    with progress(total=cfg.max_steps, desc="value pretrain", unit="step") as bar:
+        while step < cfg.max_steps:
+            critic.train()
+            stats = value_step(critic, optimizer, targets.rows(rng.sample(train_idx, min(batch_rows, len(train_idx)))),
+                               params, tokenizer.pad_token_id, f"value_pretrain step {step}")
+            step += 1
+            if step % EVAL_EVERY == 0 or step == cfg.max_steps:
+                critic.eval()
+                ev = explained_variance(predict(critic, eval_targets, params, tokenizer.pad_token_id),
+                                        eval_targets.returns, eval_targets.mask)
+                stats["explained_variance"] = ev
+            history.append(stats)
+            if tracker is not None:
+                tracker.log_metrics({f"value_pretrain/{k}": v for k, v in stats.items()}, step=step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['value_loss']:.4f}", ev=f"{ev:.3f}")
+            if ev >= cfg.min_explained_variance:
+                break
+    critic.eval()
+    metrics = {"value/explained_variance": ev, "value/pretrain_steps": step,
+               "value/pretrain_loss_last": history[-1]["value_loss"] if history else float("nan"),
+               "value/pretrain_responses": len(response_ids), "value/critic": 1}
+    save_critic(critic, tokenizer, optimizer, out_dir, {"round": "r0", **metrics})
+    if models is not None:
+        models.remember_critic(out_dir, critic, tokenizer, optimizer, params.model.dtype)
+    return metrics
