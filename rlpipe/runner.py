@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from rlpipe import paths
 from rlpipe.atomic import atomic_write_text
@@ -24,10 +25,16 @@ from rlpipe.stages import STAGES, execute
 from rlpipe.tracking.client import StageTracker
 
 STARTED = time.perf_counter()
-# transformers imports scikit-learn whenever it is installed (MLflow installs it), only for assisted
-# decoding's roc_curve, which no stage uses: 1.3 s of every torch stage's start. A None entry makes
-# importlib report it absent. Stage processes only; MLflow runs in its own worker process.
-sys.modules.setdefault("sklearn", None)
+
+
+def trim_imports() -> None:
+    """transformers imports scikit-learn whenever it is installed (MLflow installs it), only for assisted
+    decoding's roc_curve, which no stage uses: 1.3 s of every torch stage's start. A None entry makes
+    importlib report it absent. Stage processes and the warm worker only; MLflow runs in its own daemon."""
+    sys.modules.setdefault("sklearn", None)
+
+
+trim_imports()
 if not bars_enabled():  # transformers' own bars (loading, saving shards) follow ours
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
@@ -65,7 +72,9 @@ def run_stage(name: str) -> None:
     tracker = StageTracker(params, label, round_name)
     failed = True
     try:
-        metrics = execute(name, params, round_name, tracker)
+        metrics = run_warm(name, round_name, tracker) if params.runtime.warm_worker else None
+        if metrics is None:
+            metrics = execute(name, params, round_name, tracker)
         tracker.log_round_metrics(metrics) if round_name else tracker.log_metrics(metrics)
         failed = False
     except PipelineError as err:
@@ -79,6 +88,29 @@ def run_stage(name: str) -> None:
     atomic_write_text(metrics_file(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if "torch" in sys.modules:
         exit_without_teardown()
+
+
+def run_warm(name: str, round_name: str | None, tracker: StageTracker) -> dict | None:
+    """Run the stage in the execution's warm worker; its metrics, or None to run it here, cold (a stage
+    run by hand, or no worker could start)."""
+    from rlpipe.worker.client import WorkerUnavailable, connect, run_in_worker
+
+    project = Path.cwd().resolve()
+    try:
+        conn = connect(project)
+    except WorkerUnavailable as err:
+        print(f"rlpipe: {err}; running this stage in its own process", file=sys.stderr)
+        return None
+    if conn is None:
+        return None
+    answer = run_in_worker(conn, name, round_name, project)
+    if not answer["ok"]:
+        if answer["kind"] == "crash":
+            print(answer["error"], file=sys.stderr, end="")
+            raise PipelineError(f"the stage failed in the warm worker ({answer['error'].strip().splitlines()[-1]})")
+        raise PipelineError(answer["error"])
+    tracker.messages.extend(answer["tracking"])
+    return answer["metrics"]
 
 
 def exit_without_teardown() -> None:

@@ -200,3 +200,64 @@ def test_temperature_scaled_logprobs_match_a_trainer_recompute(project, tmp_path
     drift = max_abs_diff(out["logprobs"], recomputed)
     print(f"vLLM vs transformers max |logprob drift| at T=0.7: {drift:.2e}")
     assert drift <= MAX_DRIFT
+
+
+RELOAD_SCRIPT = """
+import json, sys
+import torch
+from transformers import AutoTokenizer
+from rlpipe.config import RolloutConfig
+from rlpipe.rollout.base import GenerationRows, SamplingSpec
+from rlpipe.rollout.vllm import VLLMBackend
+
+def generate(backend, rows, seeds):
+    greedy = torch.tensor([i % 5 == 4 for i in range(len(rows))])
+    out = backend.generate(GenerationRows(rows, torch.zeros(len(rows), 6), greedy, seeds), SamplingSpec(6, 1.0, 0, 1.0))
+    return {"ids": out.response_ids, "logprobs": out.logprobs}
+
+if __name__ == "__main__":
+    a, b, prompts_file, out_file = sys.argv[1:5]
+    prompt_ids = json.load(open(prompts_file))
+    cfg = RolloutConfig(backend="vllm", max_new_tokens=6, samples_per_prompt=4)
+    rows = [p for p in prompt_ids for _ in range(5)]
+    seeds = [1000 + i for i in range(len(prompt_ids)) for _ in range(5)]
+    engine = VLLMBackend(a, AutoTokenizer.from_pretrained(a), cfg, dtype="float32")
+    results = {"a": generate(engine, rows, seeds)}
+    engine.use_weights(b)
+    results["b_reloaded"] = generate(engine, rows, seeds)
+    engine.use_weights(a)
+    results["a_reloaded"] = generate(engine, rows, seeds)
+    del engine
+    fresh = VLLMBackend(b, AutoTokenizer.from_pretrained(b), cfg, dtype="float32")
+    results["b_fresh"] = generate(fresh, rows, seeds)
+    json.dump(results, open(out_file, "w"))
+"""
+
+
+def test_a_reloaded_engine_equals_a_fresh_engine(project, tmp_path):
+    """The warm worker's engine takes each round's checkpoint in place (`use_weights`): the same tokens
+    and the same logprobs, bit for bit, as an engine started on that checkpoint, with the same seeds."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    root, _ = project
+    a, b = root / "runs/policy/r0", tmp_path / "b"
+    shutil.copytree(a, b)
+    weights = load_file(a / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    save_file({k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in weights.items()},
+              b / "model.safetensors", metadata={"format": "pt"})
+    prompts = pq.read_table(root / "runs/rounds/r1/rollouts.parquet").column("prompt_ids").to_pylist()[::5][:16]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    (tmp_path / "reload.py").write_text(RELOAD_SCRIPT)
+    run = subprocess.run([sys.executable, str(tmp_path / "reload.py"), str(a), str(b), str(tmp_path / "prompts.json"),
+                          str(tmp_path / "out.json")], cwd=REPO, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "RLPIPE_PROGRESS": "0"})
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["b_reloaded"] == out["b_fresh"]  # token ids and logprobs, exactly
+    assert out["a_reloaded"] == out["a"]
+    assert out["b_fresh"]["ids"] != out["a"]["ids"]  # the checkpoints do differ

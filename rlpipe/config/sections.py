@@ -46,6 +46,10 @@ def error_key(loc: tuple, model: type[BaseModel]) -> str:
 class RuntimeConfig(Section):
     torch_threads: int = Field(2, ge=1)
     """Threads each torch stage uses. On a loaded 2-core machine, 1 can beat 2."""
+    warm_worker: bool = True
+    """Run the stages' work in one resident worker per pipeline execution, which keeps torch imported and
+    the models the last stage loaded or wrote in memory (README, "The warm worker"); the artifacts are
+    the same bytes either way. false: every stage is a cold process that imports and loads everything."""
 
 
 # ----------------------------------------------------------------------------------------------

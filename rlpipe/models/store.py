@@ -57,8 +57,6 @@ class ModelStore:
     loads: int = 0
     """Checkpoints loaded from disk (the figure the warm worker exists to bring down)."""
     reused: int = 0
-    inference_attention: str | None = None
-    """The attention kernel a fresh load gets; a model trained with another is set back to it."""
 
     # --- lookups -----------------------------------------------------------------------------------
     def _key(self, kind: str, path: Path, dtype: str) -> tuple[str, str, str]:
@@ -92,9 +90,7 @@ class ModelStore:
         from rlpipe.models.policy import load_policy
 
         self.loads += 1
-        model, tokenizer = load_policy(path, dtype)
-        self.inference_attention = self.inference_attention or model.config._attn_implementation
-        return model, tokenizer
+        return load_policy(path, dtype)
 
     def _load_critic(self, path: Path, dtype: str):
         from rlpipe.models.critic import load_critic
@@ -116,19 +112,23 @@ class ModelStore:
         found = self._find(kind, path, dtype, take=True)
         return found if found is not None else (*load(path, dtype), None)
 
-    def _remember(self, kind: str, path: Path, model, tokenizer, optimizer, dtype: str) -> None:
+    def _remember(self, kind: str, path: Path, model, optimizer, dtype: str) -> None:
+        from transformers import AutoTokenizer
+
         from rlpipe.models.policy import torch_dtype
 
         if next(model.parameters()).dtype != torch_dtype(dtype):
             return  # not what loading `path` in `dtype` gives (a float32 build saved for a bfloat16 run)
         if getattr(model, "is_gradient_checkpointing", False):
             model.gradient_checkpointing_disable()
-        if self.inference_attention and model.config._attn_implementation != self.inference_attention:
-            model.set_attn_implementation(self.inference_attention)
         for parameter in model.parameters():
             parameter.grad = None
         model.eval()
-        self._keep(kind, path, dtype, (model, tokenizer, optimizer), identity(Path(path)))
+        written = identity(Path(path))
+        # the tokenizer as loading the checkpoint gives it: a tokenizer built in memory saves another
+        # tokenizer_config.json than the same tokenizer loaded back (cheap: no weights)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self._keep(kind, path, dtype, (model, tokenizer, optimizer), written)
 
     def policy(self, path: Path, dtype: str):
         """(model, tokenizer) of a policy checkpoint, for inference: eval mode; do not change it."""
@@ -140,10 +140,11 @@ class ModelStore:
         build it from the file."""
         return self._for_training("policy", path, dtype, self._load_policy)
 
-    def remember_policy(self, path: Path, model, tokenizer, optimizer=None, dtype: str = "float32") -> None:
-        """Hold a policy just written to `path` (with the optimizer whose state is in it), set back to
-        what a fresh load gives: eval mode, the inference attention kernel, no gradients."""
-        self._remember("policy", path, model, tokenizer, optimizer, dtype)
+    def remember_policy(self, path: Path, model, optimizer=None, dtype: str = "float32") -> None:
+        """Hold a policy just written to `path` (with the optimizer whose state is in it), as a fresh load
+        gives it: eval mode, no gradients, no gradient checkpointing. The caller has set back the
+        attention kernel it trained with (`rlpipe.train.policy.update_policy`)."""
+        self._remember("policy", path, model, optimizer, dtype)
 
     def critic(self, path: Path, dtype: str):
         return self._for_inference("critic", path, dtype, self._load_critic)
@@ -151,8 +152,8 @@ class ModelStore:
     def critic_for_training(self, path: Path, dtype: str):
         return self._for_training("critic", path, dtype, self._load_critic)
 
-    def remember_critic(self, path: Path, critic, tokenizer, optimizer=None, dtype: str = "float32") -> None:
-        self._remember("critic", path, critic, tokenizer, optimizer, dtype)
+    def remember_critic(self, path: Path, critic, optimizer=None, dtype: str = "float32") -> None:
+        self._remember("critic", path, critic, optimizer, dtype)
 
     # --- generation --------------------------------------------------------------------------------
     def rollout_backend(self, path: Path, cfg, dtype: str):

@@ -33,12 +33,16 @@ request's prefill is split over steps); the CPU attention kernels reject head_di
 attention configuration"), 32 works (the miniature test model uses 1 head of 32). The engine spawns processes: a script that builds it needs an
 `if __name__ == "__main__":` guard (every stage script and the warm worker have one).
 
-One engine, many checkpoints. Starting an engine costs 40-60 s here (about a minute for a 7B model on a
-GPU), so a `ModelStore` keeps one (for a stage, or across a pipeline execution in the warm worker) and
-`use_weights(dir)` loads another checkpoint of the same model into it in place:
-`llm.collective_rpc("reload_weights", kwargs={"weights_path": dir})`, then `llm.reset_prefix_cache()`
-so that no KV block computed with the old weights is reused. An engine is rebuilt only when
-`engine_settings` (logprobs mode, dtype, the model's config and tokenizer) change.
+One engine, many checkpoints. Starting an engine costs 30-80 s here (about a minute for a 7B model on a
+GPU); loading another checkpoint into it 0.02-0.06 s on the tiny model. So a `ModelStore` keeps one
+(for a stage, or across a pipeline execution in the warm worker) and `use_weights(dir)` loads another
+checkpoint of the same model into it in place: `llm.collective_rpc("reload_policy", ...)` runs
+`rlpipe.rollout.vllm_worker.ReloadExtension` in vLLM's worker process (vLLM's `reload_weights`, plus the
+tied lm_head it misses on CPU), then `llm.reset_prefix_cache()` drops every KV block computed with the
+old weights. The reloaded engine gives the same tokens and logprobs as a fresh engine on the checkpoint
+(tests/test_vllm_engine.py). An engine is rebuilt only when `engine_settings` (logprobs mode, dtype,
+the model's config and tokenizer) change. vLLM's sleep mode, which frees the engine's GPU memory while
+the trainer runs, is not supported on CPU (`enable_sleep_mode` raises there).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from typing import Any, Sequence
 
 from rlpipe.errors import PipelineError
 from rlpipe.rollout.base import GenerationOutput, GenerationRows, SamplingSpec
+from rlpipe.rollout.vllm_worker import ReloadExtension
 
 NO_TOP_K = 0
 """vLLM's "no top-k" (0.32: 0, or -1; the default is 0)."""
@@ -259,6 +264,7 @@ class VLLMBackend:
             logprobs_mode=self.logprobs_mode,
             generation_config="vllm",  # no sampling defaults from the checkpoint's generation_config.json
             disable_log_stats=True,
+            worker_extension_cls=f"{ReloadExtension.__module__}.{ReloadExtension.__qualname__}",
             **engine_kwargs,
         )
         self.startup_seconds = time.perf_counter() - started
@@ -273,8 +279,9 @@ class VLLMBackend:
             return
         started = time.perf_counter()
         self.loaded_identity = None  # unknown until the reload has finished
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": wanted[0]})
-        self.llm.reset_prefix_cache()
+        self.llm.collective_rpc("reload_policy", kwargs={"weights_path": wanted[0]})
+        if not self.llm.reset_prefix_cache():  # False while a request runs: none may, between stages
+            raise RuntimeError("vLLM did not reset its prefix cache after loading new weights")
         self.loaded_path, self.loaded_identity = wanted
         self.reload_seconds = time.perf_counter() - started
 

@@ -45,6 +45,6 @@ def init_policy(params: Params, train_path: Path, out_dir: Path, models=None) ->
         save_policy(model, tokenizer, tmp)
         (tmp / paths.TRAINER_STATE).write_text(json.dumps({"round": "r0", "global_step": 0}) + "\n")
     if models is not None:
-        models.remember_policy(out_dir, model, tokenizer, dtype=params.model.dtype)
+        models.remember_policy(out_dir, model, dtype=params.model.dtype)
     return metrics
 

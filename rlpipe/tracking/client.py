@@ -1,13 +1,16 @@
 """Tracking: one MLflow parent run per pipeline execution, one child run per stage execution.
 
 MLflow costs 2-3 s of CPU to import and open its store, and every stage is a process. So stages never
-import it: `StageTracker` streams JSON lines over a Unix socket to `rlpipe.tracking.daemon`, one daemon
-per pipeline execution, started by the execution's first stage (it imports MLflow while that stage
-works) and reused by every later one. Metrics are buffered and written with `log_batch` when the stage
-ends; the stage waits for the daemon's `ok`, so what a finished stage logged is in the store.
+import it: `StageTracker` keeps what a stage logs and sends it, as JSON lines over a Unix socket, to
+`rlpipe.tracking.daemon` when the stage ends: one daemon per pipeline execution, started by the
+execution's first stage (it imports MLflow while that stage works) and reused by every later one. It
+writes with `log_batch`; the stage waits for the daemon's `ok`, so what a finished stage logged is in
+the store.
 
 - Store: `MLFLOW_TRACKING_URI`, else sqlite `mlflow.db` at the DVC root (DVC_ROOT points at the real
   repo even inside `dvc exp run --temp`), artifacts in `mlruns/` beside it. MLflow 3 refuses a file store.
+- Security: the daemon's socket is a file in a directory only its user can enter, and it serves that user
+  only, logs artifacts from inside the project only, and drops an idle connection (`rlpipe.local_service`).
 - Execution: the nearest ancestor `dvc` process (pid + start time) identifies one `dvc repro` /
   `dvc exp run`; `RLPIPE_EXECUTION_ID` overrides it; a stage run by hand gets a parent of its own.
 - Steps: round metrics use step = round index; optimizer-step metrics use a global step that chains
@@ -19,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlpipe import local_service
 from rlpipe.config import Params
 
 ACK_TIMEOUT_S = 120
@@ -104,56 +107,65 @@ def owner_pid(execution: str) -> int | None:
     return int(rest.split(":")[0]) if kind == "dvc" else None
 
 
-def daemon_address(uri: str, execution: str) -> str:
-    """A Linux abstract socket name (no file, no path-length limit) per store and execution."""
-    digest = hashlib.sha256(f"{uri}|{execution}".encode()).hexdigest()[:24]
-    if sys.platform.startswith("linux"):
-        return f"@rlpipe-tracking-{digest}"
-    return str(Path(tempfile.gettempdir()) / f"rlpipe-tracking-{digest}.sock")
-
-
-def _connect(address: str) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect("\0" + address[1:] if address.startswith("@") else address)
-    return sock
-
-
-def connect_daemon(address: str, uri: str, owner: int | None, log_path: Path) -> socket.socket:
-    """Connect to the execution's daemon, starting it first if none listens yet."""
-    try:
-        return _connect(address)
-    except OSError:
-        pass
+def spawn(module: str, args: list[str], log_path: Path) -> "subprocess.Popen":
+    """Start a local service (`python -m module args`) in its own session, logging to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
-        subprocess.Popen([sys.executable, "-m", "rlpipe.tracking.daemon", address, uri, str(owner or "-")],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S
-    while True:
-        try:
-            return _connect(address)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
+        return subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=log, start_new_session=True)
 
 
-class StageTracker:
-    """Streams one stage execution's metrics and artifacts to the execution's tracking daemon."""
+def service_log(root: Path, name: str) -> Path:
+    return (root / ".dvc" / "tmp" if (root / ".dvc").is_dir() else Path(tempfile.gettempdir())) / name
+
+
+class TrackingBuffer:
+    """What a stage logs (metrics, artifacts), kept in order until the stage ends. The warm worker gives
+    one to the stage's work and ships its messages back to the stage process."""
+
+    def __init__(self, round_name: str | None = None):
+        self.round_name = round_name
+        self.messages: list[dict] = []
+
+    def _add(self, message: dict) -> None:
+        message["time_ms"] = int(time.time() * 1000)
+        self.messages.append(message)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None, to_parent: bool = False) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self._add({"op": "metrics", "metrics": clean, "step": step, "to_parent": to_parent})
+
+    def log_round_metrics(self, metrics: dict[str, float]) -> None:
+        """Round-level metrics: on this stage's run and on the parent, at step = round index."""
+        from rlpipe.paths import round_index
+
+        step = round_index(self.round_name) if self.round_name else 0
+        self.log_metrics(metrics, step=step)
+        self.log_metrics(metrics, step=step, to_parent=True)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None, to_parent: bool = False) -> None:
+        self._add({"op": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path,
+                   "to_parent": to_parent})
+
+
+class StageTracker(TrackingBuffer):
+    """One stage execution's MLflow run: the execution's tracking daemon is started (if no stage of the
+    execution has yet) when the stage starts, so that MLflow imports while the stage works; what the stage
+    logs is sent in one connection when it ends, and the stage waits until the daemon has written it."""
 
     def __init__(self, params: Params, stage: str, round_name: str | None):
-        self.stage, self.round_name = stage, round_name
+        super().__init__(round_name)
+        self.stage = stage
         self.enabled = params.tracking.enabled and os.environ.get("RLPIPE_TRACKING", "1") != "0"
-        self._sock: socket.socket | None = None
         if not self.enabled:
             return
         root = repo_root()
         execution = execution_id()
         uri = tracking_uri(root)
-        self.log_path = (root / ".dvc" / "tmp" if (root / ".dvc").is_dir() else Path(tempfile.gettempdir())) \
-            / "rlpipe-tracking.log"
-        start = {
+        self.log_path = service_log(root, "rlpipe-tracking.log")
+        self.start = {
             "op": "start",
+            "started_ms": int(time.time() * 1000),
             "artifact_root": (root / "mlruns").resolve().as_uri(),
             "experiment": params.tracking.experiment,
             "execution_id": execution,
@@ -171,55 +183,32 @@ class StageTracker:
             },
         }
         try:
-            self._sock = connect_daemon(daemon_address(uri, execution), uri, owner_pid(execution), self.log_path)
+            self.address = local_service.socket_path("tracking", str(os.getuid()), uri, execution)
+            if not local_service.can_connect(self.address):
+                spawn("rlpipe.tracking.daemon", [str(self.address), uri, str(owner_pid(execution) or "-"), str(root)],
+                      self.log_path)
         except OSError as err:
-            self._warn(f"could not reach the MLflow tracking daemon ({err})")
-            return
-        self._send(start)
+            self._warn(f"could not start the MLflow tracking daemon ({err})")
+            self.enabled = False
 
     def _warn(self, what: str) -> None:
         print(f"rlpipe: {what}; metrics stay in runs/metrics (log: {self.log_path})", file=sys.stderr)
 
-    def _send(self, message: dict) -> None:
-        if self._sock is None:
-            return
-        message["time_ms"] = int(time.time() * 1000)
-        try:
-            self._sock.sendall((json.dumps(message) + "\n").encode())
-        except OSError as err:
-            self._warn(f"the MLflow tracking daemon went away ({err})")
-            self._sock = None
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None, to_parent: bool = False) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if v is not None}
-        self._send({"op": "metrics", "metrics": clean, "step": step, "to_parent": to_parent})
-
-    def log_round_metrics(self, metrics: dict[str, float]) -> None:
-        """Round-level metrics: on this stage's run and on the parent, at step = round index."""
-        from rlpipe.paths import round_index
-
-        step = round_index(self.round_name) if self.round_name else 0
-        self.log_metrics(metrics, step=step)
-        self.log_metrics(metrics, step=step, to_parent=True)
-
-    def log_artifact(self, path: Path, artifact_path: str | None = None, to_parent: bool = False) -> None:
-        self._send({"op": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path,
-                    "to_parent": to_parent})
-
     def close(self, failed: bool) -> None:
-        """Send `end` and wait until the daemon has written this stage's run."""
-        if self._sock is None:
-            return
-        self._send({"op": "end", "status": "FAILED" if failed else "FINISHED"})
-        if self._sock is None:
+        """Send the stage's run and wait until the daemon has written it."""
+        if not self.enabled:
             return
         try:
-            self._sock.settimeout(ACK_TIMEOUT_S)
-            reply = self._sock.makefile("r").readline()
-            if not reply.startswith("ok"):
-                self._warn("the MLflow tracking daemon did not confirm this stage's run")
+            sock = local_service.wait_for(self.address, CONNECT_TIMEOUT_S)
         except OSError as err:
-            self._warn(f"no answer from the MLflow tracking daemon ({err})")
-        finally:
-            self._sock.close()
-            self._sock = None
+            self._warn(f"could not reach the MLflow tracking daemon ({err})")
+            return
+        with sock:
+            try:
+                lines = [self.start, *self.messages, {"op": "end", "status": "FAILED" if failed else "FINISHED"}]
+                sock.sendall("".join(json.dumps(m) + "\n" for m in lines).encode())
+                sock.settimeout(ACK_TIMEOUT_S)
+                if not sock.makefile("r").readline().startswith("ok"):
+                    self._warn("the MLflow tracking daemon did not confirm this stage's run")
+            except OSError as err:
+                self._warn(f"no answer from the MLflow tracking daemon ({err})")

@@ -2,23 +2,31 @@
 
 MLflow costs 2-3 s of CPU to import and open its store. A daemon started by the execution's first stage
 pays that once: it listens on a Unix socket named after the execution, imports MLflow, and then serves
-the stages one connection at a time. Each stage streams JSON lines (start, metrics, artifacts, end); at
-`end` the daemon writes the stage's child run with `log_batch`, terminates it, and answers `ok`, so a
-finished stage's metrics are in the store before the stage exits. A connection that closes without
-`end` (a killed stage) leaves its child run KILLED. The daemon exits once the execution's `dvc`
-process is gone (or after IDLE_EXIT_S without a stage), having written everything it was sent.
+the stages one connection at a time. Each stage sends its JSON lines (start, metrics, artifacts, end)
+when it ends; at `end` the daemon writes the stage's child run with `log_batch`, terminates it, and
+answers `ok`, so a finished stage's metrics are in the store before the stage exits. A connection that
+closes without `end` leaves its child run KILLED. The daemon exits once the execution's `dvc` process
+is gone (or after IDLE_EXIT_S without a stage), having written everything it was sent.
+
+It serves its owner only (`rlpipe.local_service`): the socket lives in a directory only the owner can
+enter, a peer of another uid is dropped, an artifact path outside the project is refused (a stage only
+logs its own plots), and a connection silent for CONNECTION_IDLE_S is dropped.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
+from pathlib import Path
+
+from rlpipe.local_service import inside, listen, peer_is_owner, process_alive
 
 IDLE_EXIT_S = 1800
 POLL_S = 0.5
+CONNECTION_IDLE_S = 30
+"""A stage sends its whole run at once when it ends: a connection silent this long is not a stage."""
 BATCH_METRICS = 1000
 BATCH_PARAMS = 100
 
@@ -83,7 +91,7 @@ class Store:
             self.client.log_batch(run_id, metrics=metrics[i : i + BATCH_METRICS])
 
 
-def serve_stage(store: Store, conn: socket.socket) -> None:
+def serve_stage(store: Store, conn: socket.socket, project: Path) -> None:
     """One stage execution: its child run, metrics and artifacts; answers `ok` after `end`."""
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
@@ -94,23 +102,30 @@ def serve_stage(store: Store, conn: socket.socket) -> None:
     start = json.loads(first)
     exp_id = store.experiment_id(start["experiment"], start["artifact_root"])
     parent = store.parent_run_id(exp_id, start)
-    child = store.client.create_run(exp_id, run_name=start["run_name"], tags={
+    child = store.client.create_run(exp_id, run_name=start["run_name"], start_time=start.get("started_ms"), tags={
         **start["tags"], MLFLOW_PARENT_RUN_ID: parent, MLFLOW_RUN_NAME: start["run_name"],
         "rlpipe.execution": start["execution_id"]}).info.run_id
     store.client.update_run(parent, status="RUNNING")
     pending: dict[str, list[dict]] = {child: [], parent: []}
     artifacts: list[tuple[str, str, str | None]] = []
     status = "KILLED"
-    for line in reader:
-        message = json.loads(line)
-        target = parent if message.get("to_parent") else child
-        if message["op"] == "metrics":
-            pending[target].append(message)
-        elif message["op"] == "artifact":
-            artifacts.append((target, message["path"], message.get("artifact_path")))
-        elif message["op"] == "end":
-            status = message["status"]
-            break
+    try:
+        for line in reader:
+            message = json.loads(line)
+            target = parent if message.get("to_parent") else child
+            if message["op"] == "metrics":
+                pending[target].append(message)
+            elif message["op"] == "artifact":
+                if not inside(message["path"], project):
+                    print(f"rlpipe tracking daemon: refused artifact {message['path']!r}: not inside {project}",
+                          file=sys.stderr, flush=True)
+                    continue
+                artifacts.append((target, message["path"], message.get("artifact_path")))
+            elif message["op"] == "end":
+                status = message["status"]
+                break
+    except socket.timeout:  # silent for CONNECTION_IDLE_S: write what came, as KILLED
+        print("rlpipe tracking daemon: dropped an idle connection", file=sys.stderr, flush=True)
     for run_id, messages in pending.items():
         store.log_metrics(run_id, messages)
     for run_id, path, artifact_path in artifacts:
@@ -124,46 +139,35 @@ def serve_stage(store: Store, conn: socket.socket) -> None:
         conn.sendall(f"ok {child}\n".encode())
 
 
-def alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def main() -> int:
-    address, tracking_uri = sys.argv[1], sys.argv[2]
-    owner = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(address if not address.startswith("@") else "\0" + address[1:])
-    except OSError:
+    address, tracking_uri, project = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[4])
+    owner = int(sys.argv[3]) if sys.argv[3] != "-" else None
+    listener = listen(address)
+    if listener is None:
         return 0  # another daemon serves this execution already
-    listener.listen(8)
     listener.settimeout(POLL_S)
     store = Store(tracking_uri)  # the slow part, while the first stage already works
     idle_since = time.monotonic()
-    while alive(owner) and time.monotonic() - idle_since < IDLE_EXIT_S:
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            if owner is None:
-                break  # a stage run by hand: one connection, then exit
-            continue
-        with conn:
-            conn.settimeout(None)
+    try:
+        while process_alive(owner) and time.monotonic() - idle_since < IDLE_EXIT_S:
             try:
-                serve_stage(store, conn)
-            except Exception as err:  # keep serving the next stages; the stage sees no `ok` and warns
-                print(f"rlpipe tracking daemon: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        idle_since = time.monotonic()
-        if owner is None:
-            break
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                if not peer_is_owner(conn):
+                    print("rlpipe tracking daemon: dropped a connection from another user", file=sys.stderr, flush=True)
+                    continue
+                conn.settimeout(CONNECTION_IDLE_S)
+                try:
+                    serve_stage(store, conn, project)
+                except Exception as err:  # keep serving the next stages; the stage sees no `ok` and warns
+                    print(f"rlpipe tracking daemon: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            idle_since = time.monotonic()
+            if owner is None:
+                break  # a stage run by hand: its one connection, then exit
+    finally:
+        address.unlink(missing_ok=True)
     return 0
 
 

@@ -152,7 +152,7 @@ def train_critic(params: Params, round_name: str, batch_path: Path, critic_prev:
         metrics.update({f"value/{name}": value for name, value in step_means(steps).items()})
     if world.is_main:
         save_critic(unwrap(critic), tokenizer, optimizer, out_dir, {"round": round_name, **metrics})
-        models.remember_critic(out_dir, unwrap(critic), tokenizer, optimizer, params.model.dtype)
+        models.remember_critic(out_dir, unwrap(critic), optimizer, params.model.dtype)
     world.barrier()
     return metrics
 
@@ -207,5 +207,5 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
                "value/pretrain_responses": len(response_ids), "value/critic": 1}
     save_critic(critic, tokenizer, optimizer, out_dir, {"round": "r0", **metrics})
     if models is not None:
-        models.remember_critic(out_dir, critic, tokenizer, optimizer, params.model.dtype)
+        models.remember_critic(out_dir, critic, optimizer, params.model.dtype)
     return metrics

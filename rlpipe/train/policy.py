@@ -152,7 +152,9 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     state = json.loads((policy_path / paths.TRAINER_STATE).read_text())
     model, tokenizer, optimizer = models.policy_for_training(policy_path, params.model.dtype)
     longest = max((len(columns["prompt_ids"][i]) + len(columns["response_ids"][i]) for i in rows), default=0)
-    # the kernel is not part of the saved config: the checkpoint is the same whichever runs here
+    # the kernel is not part of the saved config: the checkpoint is the same whichever runs here; the
+    # model gets its own back after training, for whoever uses it next (the warm worker's rollout)
+    inference_attention = model.config._attn_implementation
     model.set_attn_implementation(update_attention(params.update, world.device, longest))
     if params.update.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -169,12 +171,13 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     global_step = steps[-1]["step"] if steps else state["global_step"]
     summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows), **step_means(steps)}
     model = unwrap(model)
+    model.set_attn_implementation(inference_attention)
     if world.is_main:
         with atomic_directory(out_dir) as tmp:
             save_policy(model, tokenizer, tmp, optimizer)
             (tmp / paths.TRAINER_STATE).write_text(json.dumps(
                 {"round": round_name, "global_step": global_step, "summary": summary}, indent=2) + "\n")
-        models.remember_policy(out_dir, model, tokenizer, optimizer, params.model.dtype)
+        models.remember_policy(out_dir, model, optimizer, params.model.dtype)
     world.barrier()
     # the speed goes to the metrics only: the checkpoint (trainer_state.json included) stays byte-identical
     # across runs of the same params and seed

@@ -1,0 +1,64 @@
+"""The stage process's side of the warm worker: find (or start) the execution's worker and run a stage in it.
+
+One worker per pipeline execution (the `dvc repro` / `dvc exp run` process, as for tracking) and project
+directory: parallel experiments (`dvc queue start -j 2`) each get their own. A stage run by hand, outside
+DVC, runs cold in its own process, unless RLPIPE_EXECUTION_ID names an execution (tests do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from rlpipe import local_service
+from rlpipe.errors import PipelineError
+from rlpipe.tracking.client import execution_id, owner_pid, service_log, spawn
+
+START_TIMEOUT_S = 180
+"""Starting a worker imports torch and transformers (3-4 s here; more on a loaded machine)."""
+
+
+class WorkerUnavailable(OSError):
+    """No worker could be started; the stage runs cold instead."""
+
+
+class WorkerDied(PipelineError):
+    """The worker went away in the middle of the stage."""
+
+
+def worker_socket(execution: str, project: Path) -> Path:
+    return local_service.socket_path("worker", str(os.getuid()), execution, str(project))
+
+
+def connect(project: Path) -> socket.socket | None:
+    """A connection to this execution's worker, started if need be; None for a stage run by hand."""
+    execution = execution_id()
+    if execution.startswith("stage:"):
+        return None
+    path = worker_socket(execution, project)
+    try:
+        return local_service.connect(path)
+    except OSError:
+        pass
+    log = service_log(project, "rlpipe-worker.log")
+    process = spawn("rlpipe.worker.server", [str(path), str(owner_pid(execution) or "-"), str(project)], log)
+    try:
+        return local_service.wait_for(path, START_TIMEOUT_S, alive=lambda: process.poll() is None)
+    except OSError as err:
+        raise WorkerUnavailable(f"the warm worker did not start ({err}; log: {log})") from None
+
+
+def run_in_worker(conn: socket.socket, stage: str, round_name: str | None, project: Path) -> dict:
+    """Send the stage to the worker with this process's stdout and stderr; wait for its answer."""
+    request = {"stage": stage, "round": round_name, "cwd": str(project), "env": dict(os.environ)}
+    with conn:
+        socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [1, 2])
+        answer = conn.makefile("r", encoding="utf-8").readline()
+    if not answer:
+        log = service_log(project, "rlpipe-worker.log")
+        raise WorkerDied(f"the warm worker stopped in the middle of the stage (killed, or out of memory; log: "
+                         f"{log}). Its outputs are written atomically, so nothing half-written is left; rerun "
+                         f"`dvc repro` (a new worker starts), or set runtime.warm_worker: false")
+    return json.loads(answer)

@@ -1,0 +1,186 @@
+"""The warm worker process: `python -m rlpipe.worker.server SOCKET OWNER_PID PROJECT`.
+
+It imports torch and transformers once, then serves one stage at a time on its Unix socket:
+
+1. a request arrives: `{"stage", "round", "cwd", "env"}` and, passed with it, the client's stdout and
+   stderr (SCM_RIGHTS), so that progress bars and warnings appear in the stage's own output;
+2. the worker checks the peer is its own user and the directory is its project, takes the client's
+   environment and directory, validates params.yaml, and runs the stage's function (`execute`) with its
+   `ModelStore`, which persists across the execution's stages;
+3. it answers one JSON line: the stage's metrics and what it logged for MLflow, or its error.
+
+Failure rules:
+- the client goes away before the answer (its process was killed): the worker exits at once. The
+  stage's outputs are written atomically, so nothing half-written is left; a model half-way through
+  training is never served afterwards.
+- the stage raises: the worker answers with the error and forgets every model it holds (a model may be
+  half-trained); torch stays imported.
+- it exits once the execution's dvc process is gone, or after IDLE_EXIT_S without a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from rlpipe import local_service
+
+IDLE_EXIT_S = 600
+"""A worker nobody called for this long goes away by itself."""
+POLL_S = 0.5
+REQUEST_TIMEOUT_S = 10
+"""A client sends its request at once; a connection silent this long is dropped."""
+MAX_REQUEST_BYTES = 1 << 20
+
+
+def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """The request line and the two file descriptors sent with it."""
+    data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 2)
+    while not data.endswith(b"\n"):
+        more = conn.recv(MAX_REQUEST_BYTES)
+        if not more:
+            raise ConnectionError("the client closed the connection before its request ended")
+        data += more
+        if len(data) > MAX_REQUEST_BYTES:
+            raise ValueError("request too large")
+    return json.loads(data), list(fds)
+
+
+@contextlib.contextmanager
+def client_context(fds: list[int], env: dict[str, str], cwd: str):
+    """The stage runs with the client's stdout/stderr, environment and directory; restored afterwards."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved_fds = [os.dup(1), os.dup(2)]
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    for fd, target in zip(fds, (1, 2)):
+        os.dup2(fd, target)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        for fd, target in zip(saved_fds, (1, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        for fd in fds:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+
+
+def exit_if_client_leaves(conn: socket.socket, finished: threading.Event) -> threading.Thread:
+    """Watch the connection while the stage runs: EOF before the answer means the client (the stage
+    process DVC started) is gone, and with it the reason to finish; the worker exits without writing
+    anything more."""
+
+    def watch():
+        try:
+            gone = conn.recv(1) == b""
+        except OSError:
+            gone = True
+        if gone and not finished.is_set():
+            os._exit(3)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_request(request: dict, store) -> dict:
+    """Run one stage as the request asks; the answer to send back."""
+    from rlpipe.config import load_params
+    from rlpipe.errors import PipelineError
+    from rlpipe.stages import execute
+    from rlpipe.tracking.client import TrackingBuffer
+
+    stage, round_name = request["stage"], request.get("round")
+    tracking = TrackingBuffer(round_name)
+    loads, reused = store.loads, store.reused
+    try:
+        metrics = execute(stage, load_params(), round_name, tracking, models=store)
+    except PipelineError as err:
+        store.forget_all()
+        return {"ok": False, "error": str(err), "kind": "pipeline"}
+    except BaseException:  # noqa: BLE001 (any failure goes back to the stage, which exits 1 with it)
+        store.forget_all()
+        return {"ok": False, "error": traceback.format_exc(), "kind": "crash"}
+    metrics.update({"stage/worker_loads": store.loads - loads, "stage/worker_reused": store.reused - reused})
+    return {"ok": True, "metrics": metrics, "tracking": tracking.messages}
+
+
+def serve(conn: socket.socket, project: Path, store) -> None:
+    if not local_service.peer_is_owner(conn):
+        print("rlpipe worker: dropped a connection from another user", file=sys.stderr, flush=True)
+        return
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    try:
+        request, fds = read_request(conn)
+    except (OSError, ValueError) as err:
+        print(f"rlpipe worker: dropped a connection: {err}", file=sys.stderr, flush=True)
+        return
+    conn.settimeout(None)
+    if len(fds) != 2 or not local_service.inside(request["cwd"], project) or \
+            Path(request["cwd"]).resolve() != project.resolve():
+        for fd in fds:
+            os.close(fd)
+        conn.sendall((json.dumps({"ok": False, "kind": "refused", "error":
+                                  f"this worker serves {project}, not {request.get('cwd')}"}) + "\n").encode())
+        return
+    label = f"{request['stage']}@{request['round']}" if request.get("round") else request["stage"]
+    print(f"rlpipe worker: {label} started", file=sys.stderr, flush=True)
+    finished = threading.Event()
+    exit_if_client_leaves(conn, finished)
+    with client_context(fds, request["env"], request["cwd"]):
+        answer = run_request(request, store)
+    finished.set()
+    print(f"rlpipe worker: {label} {'done' if answer['ok'] else 'failed'}", file=sys.stderr, flush=True)
+    try:
+        conn.sendall((json.dumps(answer) + "\n").encode())
+    except OSError as err:  # the client went away as the stage ended; its outputs are complete
+        print(f"rlpipe worker: could not answer {request['stage']}: {err}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    address, project = Path(sys.argv[1]), Path(sys.argv[3])
+    owner = int(sys.argv[2]) if sys.argv[2] != "-" else None
+    from rlpipe.runner import trim_imports
+
+    trim_imports()
+    # what every stage would import: paid once, before the first request is accepted
+    import torch  # noqa: F401
+    import transformers.models.auto.modeling_auto  # noqa: F401
+
+    from rlpipe.models.store import ModelStore
+
+    listener = local_service.listen(address)
+    if listener is None:
+        return 0  # another worker serves this execution already
+    listener.settimeout(POLL_S)
+    store, idle_since = ModelStore(), time.monotonic()
+    print(f"rlpipe worker {os.getpid()}: serving {project} for dvc pid {owner}", file=sys.stderr, flush=True)
+    try:
+        while local_service.process_alive(owner) and time.monotonic() - idle_since < IDLE_EXIT_S:
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                serve(conn, project, store)
+            idle_since = time.monotonic()
+    finally:
+        address.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The warm worker: the same bytes as cold stage processes, nothing stale ever served, a killed worker
+repaired by the next `dvc repro`, bad params rejected before any worker starts.
+
+Stages run by hand join a worker when RLPIPE_EXECUTION_ID names an execution, which is how these tests
+drive one worker through several requests; `dvc repro` gets its own worker per execution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlpipe.scratch_project import scratch_env
+from scratch import artifact_hashes, dvc, make_project, ran_stages
+
+WORKER_LOG = Path(".dvc/tmp/rlpipe-worker.log")
+
+
+def worker_env(execution: str) -> dict:
+    return {**scratch_env(), "RLPIPE_EXECUTION_ID": execution}
+
+
+def by_hand(root: Path, stage: str, round_name: str, env: dict) -> dict:
+    """Run one stage script as a user would; returns its metrics file."""
+    done = subprocess.run([sys.executable, f"stages/{stage}.py", round_name], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads((root / f"runs/metrics/{stage}_{round_name}.json").read_text())
+
+
+def worker_pids(root: Path) -> list[int]:
+    log = root / WORKER_LOG
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [int(line.split()[2].rstrip(":")) for line in lines if line.startswith("rlpipe worker ")]
+
+
+def stop_workers(root: Path) -> None:
+    for pid in worker_pids(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def with_params(root: Path, **changes) -> None:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for dotted, value in changes.items():
+        section, key = dotted.split(".")
+        params[section][key] = value
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture
+def project_copy(mini_run, tmp_path):
+    root = tmp_path / "project"
+    shutil.copytree(mini_run[0], root, ignore=shutil.ignore_patterns("mlruns", "mlflow.db", "tmp"))
+    with_params(root, **{"tracking.enabled": False})
+    yield root
+    stop_workers(root)
+
+
+def test_the_mini_run_used_the_worker_and_its_models(mini_run):
+    """The default run is warm: stages after the first load nothing the worker holds."""
+    root, _ = mini_run
+    rollout = json.loads((root / "runs/metrics/rollout_r2.json").read_text())
+    update = json.loads((root / "runs/metrics/update_r2.json").read_text())
+    assert rollout["stage/worker_loads"] == 0 and rollout["stage/worker_reused"] == 1  # policy r1, as written
+    assert update["stage/worker_loads"] == 0  # policy r1 and its optimizer, as written
+    assert rollout["stage/import_seconds"] < 0.5  # torch was imported once, by the worker
+
+
+def test_a_checkpoint_changed_on_disk_is_loaded_again(project_copy):
+    """Each way a checkpoint changes under a running worker: edited by hand, checked out by DVC, written
+    by another experiment. Each time the worker loads it again, and writes what a cold stage writes."""
+    root, env = project_copy, worker_env(f"stale-{os.getpid()}")
+    rollouts = root / "runs/rounds/r2/rollouts.parquet"
+    weights = root / "runs/policy/r1/model.safetensors"
+
+    def rollout_r2() -> tuple[dict, bytes]:
+        metrics = by_hand(root, "rollout", "r2", env)
+        return metrics, rollouts.read_bytes()
+
+    def cold_rollout_r2() -> bytes:
+        by_hand(root, "rollout", "r2", scratch_env())  # no execution named: a cold stage process
+        return rollouts.read_bytes()
+
+    first, original = rollout_r2()
+    assert first["stage/worker_loads"] == 1  # a new worker: policy r1 from disk
+    again, same = rollout_r2()
+    assert again["stage/worker_loads"] == 0 and same == original  # held, unchanged on disk: reused
+
+    # 1. edited by hand: other weights under the same path
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    save_file({k: v * 1.05 for k, v in tensors.items()}, weights, metadata={"format": "pt"})
+    edited, warm_bytes = rollout_r2()
+    assert edited["stage/worker_loads"] == 1
+    assert warm_bytes != original and warm_bytes == cold_rollout_r2()
+
+    # 2. checked out by DVC: the committed checkpoint comes back
+    shutil.rmtree(root / "runs/policy/r1")
+    dvc(root, "checkout", "rounds/r1/dvc.yaml:update" if (root / "rounds").is_dir() else "update@r1")
+    restored, restored_bytes = rollout_r2()
+    assert restored["stage/worker_loads"] == 1 and restored_bytes == original
+
+    # 3. written by another experiment: a cold update with another learning rate rewrites runs/policy/r1
+    with_params(root, **{"update.lr": 0.01})
+    by_hand(root, "update", "r1", scratch_env())
+    other, other_bytes = rollout_r2()
+    assert other["stage/worker_loads"] == 1
+    assert other_bytes != original and other_bytes == cold_rollout_r2()
+
+
+def test_bad_params_fail_before_any_worker_starts(tmp_path):
+    root = make_project(tmp_path / "project")
+    text = (root / "params.yaml").read_text().replace("  temperature: 1.0\n", "  temprature: 1.0\n", 1)
+    (root / "params.yaml").write_text(text)
+    done = subprocess.run(["dvc", "repro"], cwd=root, env=scratch_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "rollout.temprature: unknown key; did you mean rollout.temperature?" in done.stdout + done.stderr
+    assert not (root / WORKER_LOG).exists()  # rejected by the stage process, before it called a worker
+
+
+@pytest.mark.slow
+def test_killed_worker_fails_the_stage_clearly_and_repro_completes(mini_run, tmp_path):
+    """SIGKILL the worker in the middle of init (its SFT warm start takes seconds): the stage fails with
+    one clear message and leaves no output; the next `dvc repro` writes what an uninterrupted run wrote."""
+    reference = artifact_hashes(mini_run[0])
+    root = make_project(tmp_path / "project")
+    proc = subprocess.Popen(["dvc", "repro"], cwd=root, env=scratch_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while "rlpipe worker: init started" not in ((root / WORKER_LOG).read_text() if (root / WORKER_LOG).is_file() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, "the run ended before init started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.kill(worker_pids(root)[-1], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "init: the warm worker stopped in the middle of the stage" in out, out
+    assert not (root / "runs/policy/r0").exists()
+    log = dvc(root, "repro")
+    assert "init" in ran_stages(log)
+    assert artifact_hashes(root) == reference
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["grpo", "ppo"])
+def test_warm_and_cold_runs_write_the_same_bytes(preset, tmp_path):
+    """Three rounds of the miniature pipeline through the worker and as cold processes: every artifact of
+    every stage of every round is byte-identical."""
+    hashes = {}
+    for warm in (True, False):
+        root = make_project(tmp_path / f"{preset}-{warm}")
+        params = yaml.safe_load((root / "params.yaml").read_text())
+        params["algorithm"]["preset"] = preset
+        params["runtime"]["warm_worker"] = warm
+        params["rounds"] = 3 if isinstance(params["rounds"], int) else {f"r{k}": {"prev": f"r{k - 1}"} for k in (1, 2, 3)}
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        if (root / "rounds").is_dir():
+            subprocess.run(["rlpipe", "pipeline"], cwd=root, check=True, env=scratch_env())
+        subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+        dvc(root, "repro")
+        metrics = json.loads((root / "runs/metrics/rollout_r3.json").read_text())
+        assert ("stage/worker_loads" in metrics) == warm
+        hashes[warm] = artifact_hashes(root)
+    assert len(hashes[True]) > 40
+    differ = sorted(k for k in hashes[True].keys() | hashes[False].keys() if hashes[True].get(k) != hashes[False].get(k))
+    assert not differ, differ
