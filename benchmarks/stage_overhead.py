@@ -1,5 +1,5 @@
 """(b) Stage overhead on the embedded default: each stage process's wall time against the time inside
-its main library call, from the `stage/*` figures every stage writes into runs/metrics/.
+its main library call, from the `stage/*` figures every stage writes into runs/stage_metrics/.
 
 Run after `dvc repro` (e.g. `make repro`); pass the `dvc repro` wall seconds with --repro-seconds to
 also count DVC's own time between stages. Target: total overhead <= 15% of the `dvc repro` wall time.
@@ -16,7 +16,7 @@ from pathlib import Path
 from benchmarks.common import table
 
 
-def run(metrics_dir: Path = Path("runs/metrics"), repro_seconds: float | None = None) -> str:
+def run(metrics_dir: Path = Path("runs/stage_metrics"), repro_seconds: float | None = None) -> str:
     rows, process_total, work_total = [], 0.0, 0.0
     for path in sorted(metrics_dir.glob("*.json")):
         data = json.loads(path.read_text())
@@ -27,7 +27,7 @@ def run(metrics_dir: Path = Path("runs/metrics"), repro_seconds: float | None = 
         work_total += work
         rows.append([path.stem, process, work, data.get("stage/import_seconds", float("nan")), process - work])
     if not rows:
-        return "## (b) stage overhead\n\nno stage metrics found in runs/metrics: run `dvc repro` first\n"
+        return "## (b) stage overhead\n\nno stage metrics found in runs/stage_metrics: run `dvc repro` first\n"
     wall = repro_seconds if repro_seconds else process_total
     rows.append(["TOTAL", process_total, work_total, float("nan"), process_total - work_total])
     text = table("(b) stage overhead (seconds)", ["stage", "process", "work", "imports", "overhead"], rows)
@@ -42,7 +42,7 @@ def run(metrics_dir: Path = Path("runs/metrics"), repro_seconds: float | None = 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--metrics", type=Path, default=Path("runs/metrics"))
+    parser.add_argument("--metrics", type=Path, default=Path("runs/stage_metrics"))
     parser.add_argument("--repro-seconds", type=float)
     args = parser.parse_args()
     print(run(args.metrics, args.repro_seconds))

@@ -44,7 +44,7 @@ def scratch_project(root: Path, rounds: int) -> Path:
     raw = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
     raw["update"]["bf16"] = True
-    raw["rounds"] = {f"r{k}": {"prev": f"r{k - 1}"} for k in range(1, rounds + 1)}
+    raw["rounds"] = rounds
     return copy_pipeline(root, yaml.safe_dump(raw, sort_keys=False), committer="rlpipe-bench")
 
 
@@ -94,7 +94,7 @@ def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> l
 
     curve, clock = [], Clock()
     log = open(root / "bench-dvc-repro.log", "w")
-    repro = subprocess.Popen(["dvc", "repro", f"update@r{max_rounds}"], cwd=root, env=scratch_env(),
+    repro = subprocess.Popen(["dvc", "repro", f"rounds/r{max_rounds}/dvc.yaml:update"], cwd=root, env=scratch_env(),
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def score(k: int) -> float:
@@ -106,7 +106,7 @@ def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> l
 
     try:
         for k in range(1, max_rounds + 1):
-            while not (root / paths.round_metrics_path(f"r{k}", "update")).exists():
+            while not (root / paths.stage_metrics_path("update", f"r{k}")).exists():
                 if repro.poll() is not None:
                     raise RuntimeError(f"dvc repro stopped (exit {repro.returncode}) before update@r{k}; "
                                        f"see {root / 'bench-dvc-repro.log'}")

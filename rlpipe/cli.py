@@ -1,5 +1,7 @@
-"""`rlpipe`: the diagnostics command line.
+"""`rlpipe`: the pipeline files and the diagnostics.
 
+  rlpipe pipeline [--rounds N]         write dvc.yaml and rounds/rK/dvc.yaml from the code and params.yaml
+  rlpipe params-reference             write docs/params.md, every params key with its default and meaning
   rlpipe compare [--round rK]          every preset's token coefficients on one round's cached batch
   rlpipe check-expectations            the seed's expected-value claims on an exact tabular environment
 """
@@ -56,9 +58,64 @@ def _check_expectations(args) -> int:
     return 0
 
 
+def _pipeline(args) -> int:
+    from rlpipe.config import default_params_path, load_params
+    from rlpipe.errors import PipelineError
+    from rlpipe.pipeline import set_rounds, stale_files, write_pipeline
+
+    root = Path.cwd()
+    try:
+        if args.rounds is not None:
+            set_rounds(default_params_path(), args.rounds)
+        rounds = load_params().rounds
+    except PipelineError as err:
+        print(f"rlpipe pipeline: {err}", file=sys.stderr)
+        return 1
+    if args.check:
+        stale = stale_files(rounds, root)
+        for path in stale:
+            print(f"out of date: {path.relative_to(root)}", file=sys.stderr)
+        return 1 if stale else 0
+    changed = write_pipeline(rounds, root)
+    for path in changed:
+        print(f"wrote {path.relative_to(root)}" if path.exists() else f"removed {path.relative_to(root)}")
+    print(f"the pipeline holds {rounds} rounds; nothing else changed" if not changed else
+          f"the pipeline holds {rounds} rounds: commit these files (`git add dvc.yaml rounds params.yaml`)")
+    return 0
+
+
+def _params_reference(args) -> int:
+    from rlpipe.config.reference import render_reference
+
+    out = Path(args.out)
+    text = render_reference()
+    if args.check:
+        current = out.read_text() if out.is_file() else ""
+        if current != text:
+            print(f"out of date: {out} (run `rlpipe params-reference`)", file=sys.stderr)
+            return 1
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlpipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    pipeline = sub.add_parser("pipeline", help="write the DVC pipeline files from the code and params.yaml",
+                              description="Write dvc.yaml and rounds/r1..rN/dvc.yaml (N = rounds in params.yaml): each "
+                                          "stage's params keys, library files and artifacts. Run it after changing "
+                                          "`rounds` beyond the files, or after changing the library's imports.")
+    pipeline.add_argument("--rounds", type=int, help="set `rounds` in params.yaml to N first")
+    pipeline.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    pipeline.set_defaults(run=_pipeline)
+    reference = sub.add_parser("params-reference", help="write docs/params.md from the params models",
+                               description="Every params.yaml key with its type, default and meaning, from rlpipe/config/.")
+    reference.add_argument("--out", default="docs/params.md", help="where to write it (default docs/params.md)")
+    reference.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is out of date")
+    reference.set_defaults(run=_params_reference)
     compare = sub.add_parser("compare", help="compare every preset on one round's cached batch")
     compare.add_argument("--round", help="round name (default: the first round)")
     compare.add_argument("--params", default="params.yaml")

@@ -12,6 +12,7 @@ DATA = RUNS / "data"
 TRAIN = DATA / "train.parquet"
 TEST = DATA / "test.parquet"
 METRICS = RUNS / "metrics"
+STAGE_METRICS = RUNS / "stage_metrics"
 PLOTS = RUNS / "plots"
 EVAL = METRICS / "eval.json"
 ROUND_CURVE = METRICS / "rounds.json"
@@ -43,12 +44,12 @@ def batch_path(round_name: str) -> Path:
     return round_dir(round_name) / "batch.parquet"
 
 
-def update_metrics_path(round_name: str) -> Path:
-    return METRICS / f"update_{round_name}.json"
-
-
-def round_metrics_path(round_name: str, stage: str) -> Path:
-    return METRICS / f"{stage}_{round_name}.json"
+def stage_metrics_path(stage: str, round_name: str | None = None) -> Path:
+    """What one stage execution measured (its metrics and timings): a log of the last execution, written
+    by the stage process and not a DVC output (one DVC output of the kind per stage and round would make
+    `dvc exp show` a table of hundreds of columns, and a stage with an uncached output never enters DVC's
+    run cache). The results `dvc exp show` lists are eval.json's."""
+    return STAGE_METRICS / (f"{stage}_{round_name}.json" if round_name else f"{stage}.json")
 
 
 def previous_round(round_name: str) -> str:

@@ -3,7 +3,7 @@
 A stage script is `run_stage("rollout")`: the whole params file is validated before any work (a bad
 key fails here, before a model loads), the MLflow tracking daemon starts, the stage's function
 (`rlpipe.stages.rollout.rollout`) does the work and returns its metrics, which go to
-`runs/metrics/<stage>[_<round>].json` and to MLflow. A `PipelineError` prints as one message naming
+`runs/stage_metrics/<stage>[_<round>].json` and to MLflow. A `PipelineError` prints as one message naming
 the bad key, file or column, and exits 1 without a traceback.
 """
 
@@ -18,10 +18,11 @@ from pathlib import Path
 
 from rlpipe import paths
 from rlpipe.atomic import atomic_write_text
-from rlpipe.config import load_params
+from rlpipe.config import Params, load_params
 from rlpipe.errors import PipelineError
+from rlpipe.pipeline import check_stage
 from rlpipe.progress import bars_enabled
-from rlpipe.stages import STAGES, execute
+from rlpipe.stages import STAGES, StageContext
 from rlpipe.tracking.client import StageTracker
 
 STARTED = time.perf_counter()
@@ -49,8 +50,21 @@ def process_age() -> float:
         return time.perf_counter() - STARTED
 
 
-def metrics_file(name: str, round_name: str | None):
-    return paths.round_metrics_path(round_name, name) if round_name else paths.METRICS / f"{name}.json"
+def execute(name: str, params: Params, round_name: str | None = None, tracker: StageTracker | None = None,
+            models=None) -> dict:
+    """Run stage `name`'s function in this process; returns its metrics and its timings (`stage/...`).
+    `models`: the warm worker's store (None: a store for this stage only, if it uses models)."""
+    label = f"{name}@{round_name}" if round_name else name
+    if models is None and STAGES[name].uses_models:
+        from rlpipe.models.store import ModelStore
+
+        models = ModelStore()
+    ctx = StageContext(name, params, round_name, tracker or StageTracker(params, label, round_name), models)
+    with ctx.timed("work_seconds"):
+        with ctx.timed("import_seconds"):
+            work = STAGES[name].function
+        metrics = work(ctx) or {}
+    return {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()}}
 
 
 def run_stage(name: str) -> None:
@@ -66,8 +80,12 @@ def run_stage(name: str) -> None:
         params = load_params()
     except PipelineError as err:
         sys.exit(f"{label}: {err}")
-    if round_name is not None and round_name not in params.rounds:
-        sys.exit(f"{label}: round {round_name!r} is not in params.yaml rounds ({', '.join(params.rounds)})")
+    if round_name is not None and round_name not in params.round_names:
+        sys.exit(f"{label}: round {round_name!r} is beyond `rounds: {params.rounds}` in params.yaml")
+    try:
+        check_stage(name, round_name, params.rounds, Path.cwd())
+    except PipelineError as err:
+        sys.exit(f"{label}: {err}")
 
     tracker = StageTracker(params, label, round_name)
     failed = True
@@ -85,7 +103,7 @@ def run_stage(name: str) -> None:
         waited = time.perf_counter() - waited
     # Written last, so that it holds the whole process time: start-up, work, and the wait for MLflow.
     metrics.update({"stage/tracking_wait_seconds": waited, "stage/process_seconds": process_age()})
-    atomic_write_text(metrics_file(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(paths.stage_metrics_path(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if "torch" in sys.modules:
         exit_without_teardown()
 

@@ -1,5 +1,6 @@
 """A copy of this checkout's pipeline as a fresh git + DVC project, for the tests and benchmarks that
-run `dvc repro` the way a user does without touching the checkout's own runs/ and params.yaml."""
+run `dvc repro` the way a user does without touching the checkout's own runs/ and params.yaml. Its
+pipeline files are written for the given params' rounds (`rlpipe pipeline`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from rlpipe.config import load_params
+from rlpipe.pipeline import write_pipeline
+
 CHECKOUT = Path(__file__).resolve().parents[1]
-PIPELINE_FILES = ("dvc.yaml", "stages", "rlpipe", ".dvc/config", ".dvcignore", ".gitignore")
+PIPELINE_FILES = ("stages", "rlpipe", ".dvc/config", ".dvcignore", ".gitignore")
 
 
 def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Path:
@@ -24,6 +28,7 @@ def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Pa
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dst)
     (root / "params.yaml").write_text(params_text)
+    write_pipeline(load_params(root / "params.yaml").rounds, root)  # dvc.yaml and the params' round files
     git = ["git", "-c", f"user.name={committer}", "-c", f"user.email={committer}@rlpipe.invalid"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run([*git, "add", "-A"], cwd=root, check=True)

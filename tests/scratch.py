@@ -27,8 +27,23 @@ def dvc(root: Path, *args: str, timeout: int = 600) -> str:
     return out.stdout + out.stderr
 
 
+def stage_label(dvc_name: str) -> str:
+    """`rounds/r2/dvc.yaml:advantage` (DVC's name of a round stage) as `advantage@r2`; others unchanged."""
+    if dvc_name.startswith("rounds/") and ":" in dvc_name:
+        path, stage = dvc_name.split(":")
+        return f"{stage}@{path.split('/')[1]}"
+    return dvc_name
+
+
+def dvc_target(label: str) -> str:
+    """The DVC address of a stage: `advantage@r2` is `rounds/r2/dvc.yaml:advantage`."""
+    stage, _, round_name = label.partition("@")
+    return f"rounds/{round_name}/dvc.yaml:{stage}" if round_name else label
+
+
 def ran_stages(log: str) -> list[str]:
-    return [line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage '")]
+    """The stages a dvc log ran, as `advantage@r2` labels."""
+    return [stage_label(line.split("'")[1]) for line in log.splitlines() if line.startswith("Running stage '")]
 
 
 def artifact_hashes(root: Path) -> dict[str, str]:

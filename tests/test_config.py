@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_shipped_params_validate():
     params = load_params(REPO / "params.yaml")
     assert params.algorithm.resolve().estimator == "group_norm"
-    assert params.round_names == [f"r{i}" for i in range(1, len(params.rounds) + 1)]
+    assert params.round_names == [f"r{i}" for i in range(1, params.rounds + 1)]
 
 
 def test_every_shipped_params_file_validates():
@@ -36,7 +36,8 @@ def test_every_shipped_params_file_validates():
         ({"algorithm": {"eps_high": -0.1}}, "algorithm.eps_high"),
         ({"algorithm": {"loss_agg": "mean"}}, "algorithm.loss_agg"),
         ({"algorithm": {"preset": "rloo"}, "rollout": {"samples_per_prompt": 1}}, "rollout.samples_per_prompt"),
-        ({"rounds": {"r1": {"prev": "r0"}, "r2": {"prev": "r0"}}}, "rounds.r2.prev"),
+        ({"rounds": {"r1": {"prev": "r0"}, "r2": {"prev": "r1"}}}, "rounds"),
+        ({"rounds": 0}, "rounds"),
         ({"eval": {"samples": 4, "k": [8]}}, "eval.k"),
         ({"model": {"tiny": {"hidden": 30, "heads": 4}}}, "model.tiny.hidden"),
     ],
@@ -57,3 +58,44 @@ def test_truncating_max_new_tokens_warns_with_the_key():
     raw["data"]["task"] = "chain"  # "99+99+99=" -> "198,297": 7 characters + eos
     with pytest.warns(UserWarning, match=r"rollout.max_new_tokens = 6 .* set rollout.max_new_tokens >= 8"):
         params_from_dict(raw)
+
+
+def all_models():
+    from pydantic import BaseModel
+
+    from rlpipe.config import Params
+
+    seen, todo = [], [Params]
+    while todo:
+        model = todo.pop()
+        seen.append(model)
+        for field in model.model_fields.values():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) and field.annotation not in seen:
+                todo.append(field.annotation)
+    return seen
+
+
+def test_every_params_field_has_a_docstring():
+    from rlpipe.config import ResolvedAlgorithm
+
+    missing = [f"{model.__name__}.{name}" for model in [*all_models(), ResolvedAlgorithm]
+               for name, field in model.model_fields.items() if not (field.description or "").strip()]
+    assert not missing, missing
+
+
+def test_the_params_reference_is_current():
+    from rlpipe.config.reference import render_reference
+
+    assert (REPO / "docs" / "params.md").read_text() == render_reference(), "run `rlpipe params-reference`"
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"rollout": {"temprature": 1.0}}, "rollout.temprature: unknown key; did you mean rollout.temperature?"),
+    ({"algorithm": {"kl_bta": 0.1}}, "algorithm.kl_bta: unknown key; did you mean algorithm.kl_beta?"),
+    ({"evl": {}}, "evl: unknown key; did you mean eval?"),
+    ({"rollout": {"zzz": 1}}, "rollout.zzz: unknown key\n"),
+])
+def test_an_unknown_key_names_the_nearest_valid_one(patch, message):
+    with pytest.raises(ParamsError) as err:
+        params_from_dict(patch)
+    assert message in str(err.value) + "\n"

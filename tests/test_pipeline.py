@@ -16,7 +16,7 @@ from scratch import dvc, ran_stages
 
 
 def stage_names(params: dict) -> list[str]:
-    rounds = list(params["rounds"])
+    rounds = [f"r{k}" for k in range(1, params["rounds"] + 1)]
     per_round = [f"{s}@{r}" for r in rounds for s in ("rollout", "reward", "advantage", "update")]
     return ["prepare", "init", "value_pretrain", *per_round, "evaluate"]
 
@@ -28,8 +28,8 @@ def test_repro_runs_every_stage(mini_run):
     metrics = json.loads((root / "runs/metrics/eval.json").read_text())
     for key in ("pass@1", "pass@1_init", "pass@k", "curve"):
         assert key in metrics, key
-    assert [p["round"] for p in metrics["curve"]] == list(range(len(params["rounds"]) + 1))
-    for r in params["rounds"]:
+    assert [p["round"] for p in metrics["curve"]] == list(range(params["rounds"] + 1))
+    for r in (f"r{k}" for k in range(1, params["rounds"] + 1)):
         assert (root / f"runs/policy/{r}/optimizer.pt").is_file()
         assert (root / f"runs/rounds/{r}/batch.parquet").is_file()
 

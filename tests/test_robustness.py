@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from rlpipe.scratch_project import scratch_env
-from scratch import artifact_hashes, dvc, make_project, ran_stages
+from scratch import artifact_hashes, dvc, dvc_target, make_project, ran_stages
 
 ROUND_DIR = Path("runs/rounds/r1")
 
@@ -148,20 +148,27 @@ def test_two_runs_with_one_seed_give_identical_artifacts(mini_run, second_run):
 KILLS_PER_STAGE = 10
 
 
+def lock_file(root: Path, stage: str) -> tuple[Path, str]:
+    """The lock file that records `advantage@r1`, and its name there."""
+    path, _, name = dvc_target(stage).rpartition(":")
+    return root / (path.replace("dvc.yaml", "dvc.lock") if path else "dvc.lock"), name or stage
+
+
 def forget_cached_outputs(root: Path, stage: str) -> None:
-    """Remove the stage's outputs (per dvc.lock) from the DVC cache, and the run cache."""
-    lock = yaml.safe_load((root / "dvc.lock").read_text())
-    for out in lock["stages"][stage]["outs"]:
+    """Remove the stage's outputs (per its lock file) from the DVC cache, and the run cache."""
+    lock, name = lock_file(root, stage)
+    for out in yaml.safe_load(lock.read_text())["stages"][name]["outs"]:
         digest = out["md5"]
         (root / ".dvc/cache/files/md5" / digest[:2] / digest[2:]).unlink(missing_ok=True)
     shutil.rmtree(root / ".dvc/cache/runs", ignore_errors=True)
 
 
-def repair_dvc_files_cut_by_the_kill(root: Path, committed_lock: str) -> None:
+def repair_dvc_files_cut_by_the_kill(root: Path, lock: Path, committed_lock: str) -> None:
     """DVC 3 rewrites its own files by truncating them and then writing (not atomically), so a SIGKILL
     of dvc itself can cut one short. The README says what a user does, and so does this:
     - `.dvc/tmp/rwlock` (it only lists live dvc processes) is deleted when it does not parse;
-    - `dvc.lock` is checked out again (here: the copy taken before the kill) when it does not parse."""
+    - the stage's lock file is checked out again (here: the copy taken before the kill) when it does not
+      parse."""
     rwlock = root / ".dvc/tmp/rwlock"
     try:
         json.loads(rwlock.read_text())
@@ -169,7 +176,6 @@ def repair_dvc_files_cut_by_the_kill(root: Path, committed_lock: str) -> None:
         pass
     except json.JSONDecodeError:
         rwlock.unlink()
-    lock = root / "dvc.lock"
     try:
         parsed = yaml.safe_load(lock.read_text())
     except yaml.YAMLError:
@@ -189,20 +195,21 @@ def test_sigkill_at_random_moments_then_repro_restores_the_same_bytes(stage, min
     reference = artifact_hashes(mini_run[0])
     root = second_run
     env = scratch_env()
-    command = ["dvc", "repro", "-f", "-s", stage]
+    command = ["dvc", "repro", "-f", "-s", dvc_target(stage)]
+    lock, _ = lock_file(root, stage)
     started = time.monotonic()
     subprocess.run(command, cwd=root, env=env, check=True, capture_output=True)
     duration = time.monotonic() - started
     rng, reran = random.Random(stage), 0
     for kill in range(KILLS_PER_STAGE):
         forget_cached_outputs(root, stage)
-        committed_lock = (root / "dvc.lock").read_text()
+        committed_lock = lock.read_text()
         proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
         time.sleep(rng.uniform(0.05, 1.0) * duration)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        repair_dvc_files_cut_by_the_kill(root, committed_lock)
+        repair_dvc_files_cut_by_the_kill(root, lock, committed_lock)
         reran += stage in ran_stages(dvc(root, "repro"))
         now = artifact_hashes(root)
         differ = sorted(set(now) ^ set(reference) | {k for k in now.keys() & reference.keys() if now[k] != reference[k]})

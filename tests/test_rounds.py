@@ -54,7 +54,7 @@ def run_round(root: Path, params, monkeypatch, name: str | None = None) -> Path:
     that copy. The params are also written to its params.yaml, which torchrun's ranks read."""
     import shutil
 
-    from rlpipe.stages import execute
+    from rlpipe.runner import execute
 
     work = root / (name or params.algorithm.preset)
     shutil.rmtree(work, ignore_errors=True)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from scratch import MINI_PARAMS, dvc, make_project
+from scratch import MINI_PARAMS, dvc, dvc_target, make_project, ran_stages
 
 pytestmark = [
     pytest.mark.vllm,
@@ -51,7 +51,7 @@ def project(tmp_path_factory):
     path = os.environ["PATH"]
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # this venv's dvc and python
     try:
-        log = dvc(root, "repro", "advantage@r1", timeout=900)
+        log = dvc(root, "repro", dvc_target("advantage@r1"), timeout=900)
     finally:
         os.environ["PATH"] = path
     return root, log
@@ -83,7 +83,7 @@ def test_rollout_stage_writes_the_hf_schema(project, tmp_path, monkeypatch):
 
     from rlpipe import artifacts
     from rlpipe.config import params_from_dict
-    from rlpipe.stages import execute
+    from rlpipe.runner import execute
 
     root, _ = project
     path = root / "runs/rounds/r1/rollouts.parquet"
@@ -147,12 +147,12 @@ def test_behaviour_logprobs_match_a_trainer_recompute(project):
 
 def test_advantage_recomputes_old_logprobs_and_logs_the_drift(project):
     root, log = project
-    assert "Running stage 'advantage@r1'" in log
-    metrics = json.loads((root / "runs/metrics/rollout_r1.json").read_text())
+    assert "advantage@r1" in ran_stages(log)
+    metrics = json.loads((root / "runs/stage_metrics/rollout_r1.json").read_text())
     assert metrics["rollout/engine_startup_seconds"] > 0
     print(f"vLLM LLM() startup {metrics['rollout/engine_startup_seconds']:.1f} s, "
           f"{metrics['rollout/tokens_per_s']:.0f} tok/s in the stage")
-    advantage = json.loads((root / "runs/metrics/advantage_r1.json").read_text())
+    advantage = json.loads((root / "runs/stage_metrics/advantage_r1.json").read_text())
     assert 0 <= advantage["logprob_drift/max"] <= MAX_DRIFT
     assert advantage["logprob_drift/mean"] <= advantage["logprob_drift/max"]
 

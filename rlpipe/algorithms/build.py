@@ -17,7 +17,7 @@ Shapes: B responses, T padded response length, S padded step count; (B, T) masks
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -26,7 +26,9 @@ from rlpipe.algorithms.advantages import (AdvantageBatch, AdvantageParams, Advan
                                           compute_advantages, masked)
 from rlpipe.algorithms.kl import KL_ESTIMATORS
 from rlpipe.algorithms.objective import PolicyLossCoefs, policy_objective
-from rlpipe.config import ResolvedAlgorithm
+
+if TYPE_CHECKING:  # the math reads a resolved algorithm's fields; it imports no config
+    from rlpipe.config import ResolvedAlgorithm
 
 
 def compute_round_advantages(spec: ResolvedAlgorithm, *, rewards, response_mask, group_index, old_logp,

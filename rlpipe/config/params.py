@@ -1,6 +1,6 @@
 """`Params`, the whole `params.yaml`, and `load_params()`, which validates it before any stage works.
 
-Cross-section rules (group estimators need >= 2 samples per prompt, rounds must chain r1 <- r0, ...)
+Cross-section rules (group estimators need >= 2 samples per prompt, chain_steps needs the chain task, ...)
 are validators, so a bad params file fails before any model loads, with a message naming the key. An
 unknown key names the nearest valid one. Torch-free: every stage validates the whole file first,
 cheaply.
@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from rlpipe.config.components import GROUP_ESTIMATORS, VerifierName
 from rlpipe.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, KeyedError, ModelConfig, RewardConfig,
-                                    RolloutConfig, RoundConfig, RuntimeConfig, Section, TrackingConfig, UpdateConfig,
+                                    RolloutConfig, RuntimeConfig, Section, TrackingConfig, UpdateConfig,
                                     ValueConfig, error_key)
 from rlpipe.errors import PipelineError
 
@@ -31,7 +31,7 @@ class Params(Section):
     seed: int = 0
     """Seed of everything random: data generation, the embedded model's init, sampling, shuffling."""
     runtime: RuntimeConfig = RuntimeConfig()
-    """How stages run (threads); changes no result."""
+    """How stages run (threads, the warm worker); changes no artifact."""
     data: DataConfig = DataConfig()
     """The prompts: synthetic task, local files or a hub dataset."""
     model: ModelConfig = ModelConfig()
@@ -50,8 +50,18 @@ class Params(Section):
     """Scoring the policies on the test split."""
     tracking: TrackingConfig = TrackingConfig()
     """MLflow."""
-    rounds: dict[str, RoundConfig] = Field(default_factory=lambda: {"r1": RoundConfig(prev="r0")})
-    """Unrolled rounds: r1 <- r0, r2 <- r1, ...; dvc.yaml runs one rollout/reward/advantage/update per key."""
+    rounds: int = Field(1, ge=1)
+    """How many rounds `dvc repro` runs: r1 .. rN, each starting from the previous round's policy (r0 is
+    the init policy). The pipeline files must hold at least this many (`rlpipe pipeline` writes them);
+    fewer run as they are, e.g. `dvc exp run --temp -S rounds=3`."""
+
+    @field_validator("rounds", mode="before")
+    @classmethod
+    def _rounds_is_a_number(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            raise ValueError("is the number of rounds (e.g. `rounds: 6`), no longer a mapping of round names "
+                             "(r1: {prev: r0}, ...); then run `rlpipe pipeline` to write the round files")
+        return value
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Params":
@@ -62,13 +72,6 @@ class Params(Section):
                 f"must be >= 2 for estimator {algo.estimator!r} (preset {self.algorithm.preset!r}): "
                 f"a group of one has no baseline; got {self.rollout.samples_per_prompt}",
             )
-        expected = [f"r{i}" for i in range(1, len(self.rounds) + 1)]
-        if list(self.rounds) != expected:
-            raise KeyedError("rounds", f"must be named {expected} in order, got {list(self.rounds)}")
-        for name, round_cfg in self.rounds.items():
-            want = f"r{int(name[1:]) - 1}"
-            if round_cfg.prev != want:
-                raise KeyedError(f"rounds.{name}.prev", f"must be {want!r}, got {round_cfg.prev!r}")
         if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
             raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
         self._warn_if_answers_truncated()
@@ -100,11 +103,11 @@ class Params(Section):
 
     @property
     def round_names(self) -> list[str]:
-        return list(self.rounds)
+        return [f"r{k}" for k in range(1, self.rounds + 1)]
 
     @property
     def final_round(self) -> str:
-        return self.round_names[-1]
+        return f"r{self.rounds}"
 
 
 # ----------------------------------------------------------------------------------------------

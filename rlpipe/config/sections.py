@@ -85,7 +85,7 @@ class DataConfig(Section):
     answer_format: Literal["raw", "gsm8k"] = "raw"
     """`gsm8k`: the reference is a solution whose last line is `#### <answer>`; keep the answer only."""
     max_train: Optional[int] = Field(None, ge=1)
-    """Keep only the first rows of each split (None = all)."""
+    """Keep only the first rows of the train split (None = all)."""
     max_test: Optional[int] = Field(None, ge=1)
     """Keep only the first rows of the test split (None = all)."""
     prompt_template: str = "{question}"
@@ -379,8 +379,3 @@ class TrackingConfig(Section):
     """MLflow experiment name."""
     enabled: bool = True
     """Log to MLflow (RLPIPE_TRACKING=0 also turns it off); metrics files are written either way."""
-
-
-class RoundConfig(Section):
-    prev: str
-    """The round whose policy this round starts from (r0 = the init policy)."""

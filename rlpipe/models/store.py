@@ -54,6 +54,7 @@ class ModelStore:
 
     held: "OrderedDict[tuple[str, str], Held]" = field(default_factory=OrderedDict)
     engine: Any = None
+    """The rollout engine that lives across checkpoints (vLLM), kept by `rlpipe.rollout.rollout_backend`."""
     loads: int = 0
     """Checkpoints loaded from disk (the figure the warm worker exists to bring down)."""
     reused: int = 0
@@ -154,14 +155,6 @@ class ModelStore:
 
     def remember_critic(self, path: Path, critic, optimizer=None, dtype: str = "float32") -> None:
         self._remember("critic", path, critic, optimizer, dtype)
-
-    # --- generation --------------------------------------------------------------------------------
-    def rollout_backend(self, path: Path, cfg, dtype: str):
-        """A generation backend on the policy at `path` (see rlpipe.rollout): the HF backend on the held
-        model, or the one vLLM engine, with `path`'s weights loaded into it in place."""
-        from rlpipe.rollout import ROLLOUT_BACKENDS
-
-        return ROLLOUT_BACKENDS.get(cfg.backend)(self, Path(path), cfg, dtype)
 
     def forget_all(self) -> None:
         """Drop every model (after a failed stage, which may have left one half-trained); the engine stays,

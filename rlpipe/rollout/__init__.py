@@ -16,10 +16,14 @@ from rlpipe.registry import Registry
 ROLLOUT_BACKENDS = Registry("rollout backend")
 
 
+def rollout_backend(models, policy_path: Path, cfg: RolloutConfig, dtype: str):
+    """A generation backend on the policy at `policy_path`, from the stage's model store: the HF backend on
+    the model the store holds, or the store's one vLLM engine with the checkpoint loaded in place."""
+    return ROLLOUT_BACKENDS.get(cfg.backend)(models, Path(policy_path), cfg, dtype)
+
+
 # A factory takes (the stage's model store, policy_path, rollout config, dtype) and returns a backend with
-# `.tokenizer`, a `generate` (see base.py) and `.startup_seconds`. Stages call it through
-# `ModelStore.rollout_backend`, so that the HF backend runs on the model the store holds, and vLLM's one
-# engine takes each new checkpoint's weights in place instead of starting again.
+# `.tokenizer`, a `generate` (see base.py) and `.startup_seconds`.
 @ROLLOUT_BACKENDS.register("hf")
 def _hf_backend(models, policy_path: Path, cfg: RolloutConfig, dtype: str):
     from rlpipe.rollout.hf import HFBackend

@@ -1,8 +1,8 @@
 """Each DVC stage's work, one module per stage, its function named after the stage.
 
 `stages/<name>.py` (the entry point DVC runs) calls `rlpipe.runner.run_stage("<name>")`, which validates
-the params and then runs `rlpipe.stages.<name>.<name>(ctx)` in this process, or in the resident warm
-worker. A stage function takes a `rlpipe.runner.StageContext` (params, round, tracker) and returns its
+the params and then runs `rlpipe.stages.<name>.<name>(ctx)` (`rlpipe.runner.execute`) in this process, or
+in the resident warm worker. A stage function takes a `rlpipe.runner.StageContext` (params, round, tracker) and returns its
 metrics; it reads and writes only what `dvc.yaml` declares for it. A stage that uses torch calls
 `ctx.init_torch()` first (threads and seed), and imports torch-heavy modules only after deciding it needs
 them (value_pretrain of a critic-free preset writes a marker without torch).
@@ -26,6 +26,8 @@ class StageSpec:
     name: str
     per_round: bool
     """One instance per round (rollout@rK ...), run with the round's name as argument."""
+    uses_models: bool
+    """Gets its models through `ctx.models` (`rlpipe.models.store`), which is then one of its code deps."""
 
     @property
     def function(self) -> Callable:
@@ -33,14 +35,14 @@ class StageSpec:
 
 
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
-    StageSpec("prepare", per_round=False),
-    StageSpec("init", per_round=False),
-    StageSpec("value_pretrain", per_round=False),
-    StageSpec("rollout", per_round=True),
-    StageSpec("reward", per_round=True),
-    StageSpec("advantage", per_round=True),
-    StageSpec("update", per_round=True),
-    StageSpec("evaluate", per_round=False),
+    StageSpec("prepare", per_round=False, uses_models=False),
+    StageSpec("init", per_round=False, uses_models=True),
+    StageSpec("value_pretrain", per_round=False, uses_models=True),
+    StageSpec("rollout", per_round=True, uses_models=True),
+    StageSpec("reward", per_round=True, uses_models=False),
+    StageSpec("advantage", per_round=True, uses_models=True),
+    StageSpec("update", per_round=True, uses_models=True),
+    StageSpec("evaluate", per_round=False, uses_models=True),
 )}
 
 
@@ -50,15 +52,10 @@ class StageContext:
     params: "Params"
     round_name: str | None
     tracker: "StageTracker"
-    models: "ModelStore" = None  # type: ignore[assignment]
-    """Where the stage gets its models: a store of its own (cold), or the warm worker's."""
+    models: "ModelStore | None"
+    """Where the stage gets its models: a store of its own (cold), or the warm worker's; None for the
+    stages that load no model (prepare, reward)."""
     timings: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.models is None:
-            from rlpipe.models.store import ModelStore
-
-            self.models = ModelStore()
 
     @property
     def dvc_stage(self) -> str:
@@ -66,8 +63,10 @@ class StageContext:
 
     @property
     def prev_round(self) -> str:
-        """The round whose policy this round starts from."""
-        return self.params.rounds[self.round_name].prev
+        """The round whose policy this round starts from (r0: the init policy)."""
+        from rlpipe.paths import previous_round
+
+        return previous_round(self.round_name)
 
     def init_torch(self):
         """Import torch and transformers' model classes (timed: the fixed cost of a model stage), with
@@ -93,19 +92,3 @@ class _Timer:
 
     def __exit__(self, *exc):
         self.sink[self.label] = self.sink.get(self.label, 0.0) + time.perf_counter() - self.started
-
-
-def execute(name: str, params: "Params", round_name: str | None = None, tracker: "StageTracker | None" = None,
-            models: "ModelStore | None" = None) -> dict:
-    """Run stage `name`'s function in this process; returns its metrics and its timings (`stage/...`).
-    `models`: the warm worker's store (None: a store for this stage only)."""
-    if tracker is None:
-        from rlpipe.tracking.client import StageTracker
-
-        tracker = StageTracker(params, f"{name}@{round_name}" if round_name else name, round_name)
-    ctx = StageContext(name, params, round_name, tracker, models)
-    with ctx.timed("work_seconds"):
-        with ctx.timed("import_seconds"):
-            work = STAGES[name].function
-        metrics = work(ctx) or {}
-    return {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()}}

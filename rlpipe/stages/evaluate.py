@@ -18,6 +18,7 @@ from rlpipe.atomic import atomic_write_text
 from rlpipe.config import Params
 from rlpipe.data.splits import read_prompts
 from rlpipe.rewards import verify
+from rlpipe.rollout import rollout_backend
 from rlpipe.rollout.base import SamplingSpec
 from rlpipe.rollout.generate import generate_groups
 
@@ -92,7 +93,7 @@ def evaluate_policies(params: Params, test_path: Path, out_path: Path = paths.EV
         is_endpoint = name in ("r0", params.final_round)
         if not (is_endpoint or params.eval.curve):
             continue
-        backend = models.rollout_backend(paths.policy_dir(name), params.rollout, params.model.dtype)
+        backend = rollout_backend(models, paths.policy_dir(name), params.rollout, params.model.dtype)
         point: dict[str, float] = {"round": paths.round_index(name), "pass@1": evaluator.greedy_pass_at_1(backend, name)}
         if is_endpoint:
             results[name] = {"pass@1": point["pass@1"], **evaluator.sampled(backend, name)}

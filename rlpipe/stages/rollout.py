@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rlpipe import artifacts, paths
 from rlpipe.data.splits import read_prompts, round_prompt_rows
-from rlpipe.rollout import prompts_to_generate
+from rlpipe.rollout import prompts_to_generate, rollout_backend
 from rlpipe.rollout.base import SamplingSpec
 from rlpipe.rollout.generate import generate_groups
 
@@ -21,7 +21,7 @@ def rollout(ctx) -> dict:
     table = read_prompts(paths.TRAIN)
     rows = round_prompt_rows(table.num_rows, prompts_to_generate(params), params.seed, round_name)
     prompts = table.take(rows).to_pydict()
-    backend = ctx.models.rollout_backend(paths.policy_dir(ctx.prev_round), cfg, params.model.dtype)
+    backend = rollout_backend(ctx.models, paths.policy_dir(ctx.prev_round), cfg, params.model.dtype)
     pattern = [False] * cfg.samples_per_prompt + [True] * int(algo.greedy_baseline)
     groups = generate_groups(backend, prompts["prompt"], prompts["prompt_id"], greedy_pattern=pattern,
                              stream=f"rollout@{round_name}", seed=params.seed,

@@ -11,6 +11,7 @@ from rlpipe import paths
 from rlpipe.data.splits import read_prompts, round_prompt_rows
 from rlpipe.models.critic import write_no_critic_marker
 from rlpipe.rewards import verify
+from rlpipe.rollout import rollout_backend
 from rlpipe.rewards.shaping import overlong_penalty
 
 STREAM = "value_pretrain"
@@ -28,7 +29,7 @@ def value_pretrain(ctx) -> dict:
     cfg, spec, m = params.rollout, params.algorithm.resolve(), params.rollout.samples_per_prompt
     table = read_prompts(paths.TRAIN)
     prompts = table.take(round_prompt_rows(table.num_rows, params.value.pretrain.prompts, params.seed, STREAM)).to_pydict()
-    backend = ctx.models.rollout_backend(paths.policy_dir("r0"), cfg, params.model.dtype)
+    backend = rollout_backend(ctx.models, paths.policy_dir("r0"), cfg, params.model.dtype)
     groups = generate_groups(backend, prompts["prompt"], prompts["prompt_id"], greedy_pattern=[False] * m, stream=STREAM,
                              seed=params.seed, spec=SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p),
                              data=params.data, desc="value pretrain: sample")

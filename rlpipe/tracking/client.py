@@ -108,11 +108,14 @@ def owner_pid(execution: str) -> int | None:
 
 
 def spawn(module: str, args: list[str], log_path: Path) -> "subprocess.Popen":
-    """Start a local service (`python -m module args`) in its own session, logging to `log_path`."""
+    """Start a local service (`python -m module args`) in its own session, logging to `log_path`. With
+    -P (Python >= 3.11) the working directory does not shadow the installed rlpipe, so the service runs
+    the same library as the stage process that started it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
     with open(log_path, "a") as log:
-        return subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=log, start_new_session=True)
+        return subprocess.Popen([sys.executable, *safe_path, "-m", module, *args], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True)
 
 
 def service_log(root: Path, name: str) -> Path:

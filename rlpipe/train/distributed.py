@@ -101,7 +101,7 @@ def wrap_model(model, strategy: str, world: World):
 def check_fsdp2_micro_batches(cfg: UpdateConfig, world: World, count: int, step_label: str) -> None:
     """Every FSDP2 forward and backward is a collective, so ranks with unequal micro-batch counts would
     wait on each other forever: stop with the key to change instead."""
-    if cfg.strategy != "fsdp2" or not world.distributed:
+    if not world.distributed or cfg.strategy != "fsdp2":  # one process: the strategy does not apply
         return
     fewest, most = world.spread(count)
     if fewest != most:

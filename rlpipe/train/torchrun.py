@@ -44,7 +44,7 @@ def main() -> int:
     params = load_params()
     torch.manual_seed(params.seed)
     world = init_world()
-    prev = params.rounds[round_name].prev
+    prev = paths.previous_round(round_name)
     metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
                             paths.policy_dir(round_name), world=world)
     metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),

@@ -100,7 +100,7 @@ def run_request(request: dict, store) -> dict:
     """Run one stage as the request asks; the answer to send back."""
     from rlpipe.config import load_params
     from rlpipe.errors import PipelineError
-    from rlpipe.stages import execute
+    from rlpipe.runner import execute
     from rlpipe.tracking.client import TrackingBuffer
 
     stage, round_name = request["stage"], request.get("round")

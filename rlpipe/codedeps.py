@@ -1,0 +1,120 @@
+"""Which library files a stage's work can run: the code dependencies `dvc.yaml` declares for it.
+
+A static walk of the import graph from `rlpipe.stages.<name>`: every `import` and `from ... import`
+of an rlpipe module, at module level or inside a function (the library imports heavy modules lazily),
+followed transitively, with the `__init__.py` of every package on the way (importing a submodule runs
+them). Only `.py` files are listed, so nothing that is not source (bytecode, editor files, temporaries)
+enters a dependency's hash.
+
+Exempt are the modules that move or observe results but never compute them (`EXEMPT`): a change there
+cannot change an artifact's bytes, and declaring them would rerun every stage for nothing. The rule,
+and the test that holds the library to it (tests/test_dependencies.py), are in docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_ROOT.parent
+
+EXEMPT = (
+    "rlpipe.errors",  # error types: what a failure says, not what a success writes
+    "rlpipe.progress",  # progress bars
+    "rlpipe.tracking",  # MLflow: the daemon and the stages' client
+    "rlpipe.runner",  # the stage command line: argument parsing, the stage-metrics log, exit codes
+    "rlpipe.worker",  # the warm worker: runs the same stage functions (warm = cold, tested byte for byte)
+    "rlpipe.local_service",  # the sockets of the tracking daemon and the worker
+    "rlpipe.pipeline",  # generates and checks these very declarations
+    "rlpipe.codedeps",
+)
+
+
+def is_exempt(module: str) -> bool:
+    return any(module == e or module.startswith(e + ".") for e in EXEMPT)
+
+
+def module_file(module: str) -> Path | None:
+    """The source file of an rlpipe module (a package's __init__.py), or None if there is none."""
+    parts = module.split(".")
+    if parts[0] != "rlpipe":
+        return None
+    base = PACKAGE_ROOT.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of `tree` but those under `if TYPE_CHECKING:` (imports for annotations never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", getattr(child.test, "attr", None)) == "TYPE_CHECKING":
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+
+
+def _imported(module: str, tree: ast.AST) -> set[str]:
+    """rlpipe modules named by the import statements anywhere in `tree` (of module `module`)."""
+    package = module if module_file(module).name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            # `from rlpipe.models import policy` imports the submodule rlpipe.models.policy
+            found.update(f"{base}.{alias.name}" for alias in node.names if module_file(f"{base}.{alias.name}"))
+    return {name for name in found if name.split(".")[0] == "rlpipe" and module_file(name)}
+
+
+@lru_cache(maxsize=None)
+def _direct_imports(module: str) -> frozenset[str]:
+    tree = ast.parse(module_file(module).read_text(), filename=str(module_file(module)))
+    return frozenset(_imported(module, tree))
+
+
+def with_parents(module: str) -> set[str]:
+    """The module and every package above it (importing it runs their __init__.py)."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def reachable_modules(*starts: str) -> set[str]:
+    """Every rlpipe module importing `starts` can run, exempt modules included (not followed further)."""
+    seen: set[str] = set()
+    todo = [m for start in starts for m in with_parents(start)]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if is_exempt(module):
+            continue
+        for imported in _direct_imports(module):
+            todo.extend(with_parents(imported) - seen)
+    return seen
+
+
+def stage_code_files(stage: str) -> list[str]:
+    """Repo-relative paths of the source files stage `stage` depends on: its entry script and every
+    non-exempt rlpipe module its work can import. Two come in through objects rather than imports, and
+    are added: the config (every stage reads `ctx.params`, whose methods resolve presets and defaults),
+    and the model store, for stages that get their models through `ctx.models`."""
+    from rlpipe.stages import STAGES
+
+    starts = [f"rlpipe.stages.{stage}", "rlpipe.config"] + (["rlpipe.models.store"] if STAGES[stage].uses_models else [])
+    modules = [m for m in reachable_modules(*starts) if not is_exempt(m)]
+    files = {module_file(m).relative_to(REPO_ROOT).as_posix() for m in modules}
+    return [f"stages/{stage}.py", *sorted(files)]

@@ -1,0 +1,221 @@
+"""What a stage reads is what the pipeline files declare, so DVC never serves a stale result.
+
+- The committed pipeline files are what `rlpipe pipeline` generates from the code and params.yaml.
+- Each stage of the miniature pipeline, run in a fresh process with its params recorded
+  (tests/stage_probe.py), reads only declared params keys and imports only declared library files
+  (or exempt ones: `rlpipe.codedeps.EXEMPT`). grpo here; ppo, dapo and remax (critic, dynamic sampling,
+  greedy baseline paths) in the slow suite.
+- Bytecode the library writes never changes `dvc status`.
+- The import directions: the math imports no config, I/O or tracking; config, the stage client and the
+  stage table import no torch; no import cycles.
+The checks are functions (`undeclared_*`) fed a declaration with a key or a file removed, to show they fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from params_recorder import covered
+from rlpipe.codedeps import is_exempt, module_file
+from rlpipe.scratch_project import scratch_env
+from scratch import dvc, dvc_target, make_project
+
+PROBE = REPO / "tests" / "stage_probe.py"
+ONCE = ("prepare", "init", "value_pretrain", "evaluate")
+PER_ROUND = ("rollout", "reward", "advantage", "update")
+
+
+def declared(root: Path, stage: str, round_name: str | None) -> dict:
+    """A stage's entry in the project's pipeline files (round stages: rounds/rK/dvc.yaml)."""
+    path = root / (dvc_target(f"{stage}@{round_name}").split(":")[0] if round_name else "dvc.yaml")
+    return yaml.safe_load(path.read_text())["stages"][stage]
+
+
+def probe(root: Path, stage: str, round_name: str | None) -> dict:
+    args = [sys.executable, str(PROBE), stage] + ([round_name] if round_name else [])
+    done = subprocess.run(args, cwd=root, env=scratch_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def undeclared_params(read: list[str], entry: dict) -> list[str]:
+    from rlpipe.pipeline import EXEMPT_PARAMS
+
+    return [key for key in read if not covered(key, [*entry.get("params", []), *EXEMPT_PARAMS])]
+
+
+def undeclared_modules(modules: list[str], entry: dict) -> list[str]:
+    files = set(entry["deps"])
+    return [m for m in modules if not is_exempt(m) and module_file(m).relative_to(REPO).as_posix() not in files]
+
+
+def check_every_stage(root: Path) -> dict[str, dict]:
+    found = {}
+    for stage, round_name in [(s, None) for s in ONCE] + [(s, "r1") for s in PER_ROUND]:
+        report, entry = probe(root, stage, round_name), declared(root, stage, round_name)
+        found[stage] = {"params": undeclared_params(report["params"], entry),
+                        "modules": undeclared_modules(report["modules"], entry), "report": report}
+    return found
+
+
+def assert_all_declared(found: dict[str, dict]) -> None:
+    missing = {stage: {k: v for k, v in f.items() if k != "report" and v} for stage, f in found.items()}
+    assert not any(missing.values()), missing
+
+
+@pytest.fixture(scope="module")
+def grpo_reads(mini_run, tmp_path_factory):
+    root = tmp_path_factory.mktemp("deps") / "project"
+    shutil.copytree(mini_run[0], root, ignore=shutil.ignore_patterns("mlruns", "mlflow.db", "tmp"))
+    return check_every_stage(root)
+
+
+def test_committed_pipeline_files_are_generated():
+    from rlpipe.config import load_params
+    from rlpipe.pipeline import stale_files
+
+    stale = stale_files(load_params(REPO / "params.yaml").rounds, REPO)
+    assert not stale, f"run `rlpipe pipeline`: {stale}"
+
+
+def test_grpo_stages_read_only_what_they_declare(grpo_reads):
+    assert_all_declared(grpo_reads)
+    # the probe saw real reads: the model stages' sampling keys and their library
+    rollout = grpo_reads["rollout"]["report"]
+    assert "rollout.temperature" in rollout["params"] and "rlpipe.rollout.hf" in rollout["modules"]
+
+
+def test_the_checks_fail_on_a_missing_declaration(grpo_reads, mini_run):
+    """A declaration without one key, or without one library file, is caught."""
+    root = mini_run[0]
+    report = grpo_reads["advantage"]["report"]
+    entry = declared(root, "advantage", "r1")
+    narrowed = {**entry, "params": [p for p in entry["params"] if p != "algorithm"] + ["algorithm.preset"]}
+    assert "algorithm.std_ddof" in undeclared_params(report["params"], narrowed)
+    without = {**entry, "deps": [d for d in entry["deps"] if d != "rlpipe/algorithms/advantages.py"]}
+    assert undeclared_modules(report["modules"], without) == ["rlpipe.algorithms.advantages"]
+
+
+def test_a_stale_pipeline_file_stops_the_stage(mini_run, tmp_path):
+    """A stage whose entry lacks a library file its work now imports refuses to run, naming the file."""
+    from rlpipe.errors import PipelineError
+    from rlpipe.pipeline import check_stage
+
+    root = tmp_path / "project"
+    shutil.copytree(mini_run[0], root, ignore=shutil.ignore_patterns("runs", "mlruns", "mlflow.db", ".dvc", ".git"))
+    path = root / "rounds/r1/dvc.yaml"
+    pipeline = yaml.safe_load(path.read_text())
+    pipeline["stages"]["advantage"]["deps"].remove("rlpipe/algorithms/kl.py")
+    path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    check_stage("rollout", "r1", 2, root)  # the other stages' entries are current
+    with pytest.raises(PipelineError, match="undeclared: rlpipe/algorithms/kl.py; run `rlpipe pipeline`"):
+        check_stage("advantage", "r1", 2, root)
+
+
+def test_bytecode_never_changes_dvc_status(mini_run, tmp_path):
+    """Importing the library (its bytecode written beside the sources, as running the tests does) leaves a
+    finished run up to date: code deps are .py files, and .dvcignore drops __pycache__."""
+    root = tmp_path / "project"
+    shutil.copytree(mini_run[0], root, ignore=shutil.ignore_patterns("mlruns", "mlflow.db"))
+    imports = "import pkgutil, importlib, rlpipe\n" \
+              "for m in pkgutil.walk_packages(rlpipe.__path__, 'rlpipe.'): importlib.import_module(m.name)\n"
+    env = {**scratch_env(), "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-c", imports], cwd=root, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "rlpipe", "stages", "tests"], cwd=root, env=env,
+                   check=False, capture_output=True)
+    assert any((root / "rlpipe").rglob("*.pyc"))
+    assert "Data and pipelines are up to date" in dvc(root, "status")
+
+
+# --- import directions ------------------------------------------------------------------------------
+def runtime_imports(path: Path) -> set[str]:
+    """rlpipe and third-party top-level modules a file imports outside `if TYPE_CHECKING:`."""
+    from rlpipe.codedeps import _runtime_nodes
+
+    found = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def library_files(package: str) -> list[Path]:
+    return sorted((REPO / "rlpipe" / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("algorithms", ("rlpipe.config", "rlpipe.artifacts", "rlpipe.atomic", "rlpipe.tracking", "rlpipe.paths",
+                    "rlpipe.stages", "rlpipe.train", "rlpipe.models", "rlpipe.rollout", "pyarrow", "mlflow")),
+    ("config", ("torch", "transformers", "pyarrow", "rlpipe.models", "rlpipe.train", "rlpipe.algorithms")),
+    ("models", ("rlpipe.train", "rlpipe.stages", "rlpipe.rollout", "rlpipe.tracking")),
+    ("rollout", ("rlpipe.train", "rlpipe.stages", "rlpipe.tracking")),
+    ("rewards", ("rlpipe.train", "rlpipe.stages", "rlpipe.tracking", "rlpipe.rollout")),
+    ("train", ("rlpipe.stages", "rlpipe.tracking", "rlpipe.rollout")),
+])
+def test_import_directions(package, forbidden):
+    bad = {f"{path.relative_to(REPO)}: {name}" for path in library_files(package) for name in runtime_imports(path)
+           if any(name == f or name.startswith(f + ".") for f in forbidden)}
+    assert not bad, sorted(bad)
+
+
+def test_the_stage_client_and_config_import_no_torch():
+    code = "import sys, rlpipe.runner, rlpipe.config, rlpipe.stages, rlpipe.worker.client, rlpipe.pipeline\n" \
+           "print(sorted(m for m in ('torch', 'transformers', 'pyarrow', 'mlflow') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "RLPIPE_PROGRESS": "0"})
+    assert done.stdout.strip() == "[]"
+
+
+def test_no_import_cycles_at_module_level():
+    """Module-level imports between rlpipe modules form no cycle (lazy imports inside functions may)."""
+    graph: dict[str, set[str]] = {}
+    for path in (REPO / "rlpipe").rglob("*.py"):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text())
+        names = set()
+        for node in tree.body:  # module level only
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlpipe"):
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names if module_file(f"{node.module}.{a.name}"))
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names if a.name.startswith("rlpipe"))
+        graph[module] = {n for n in names if module_file(n) and n != module}
+    state: dict[str, int] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for nxt in graph.get(module, ()):
+            if state.get(nxt) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join(trail[trail.index(nxt):] + [nxt])}")
+            if not state.get(nxt):
+                visit(nxt, trail + [nxt])
+        state[module] = 2
+
+    for module in graph:
+        if not state.get(module):
+            visit(module, [module])
+
+
+# --- the other presets' paths ---------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["ppo", "dapo", "remax"])
+def test_other_presets_read_only_what_they_declare(preset, tmp_path):
+    params = yaml.safe_load((REPO / "tests/params_mini.yaml").read_text())
+    params["algorithm"]["preset"] = preset
+    params["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    root = make_project(tmp_path / "project", tmp_path / "params.yaml")
+    dvc(root, "repro")
+    assert_all_declared(check_every_stage(root))
