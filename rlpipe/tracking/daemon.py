@@ -16,6 +16,7 @@ logs its own plots), and a connection silent for CONNECTION_IDLE_S is dropped.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -25,8 +26,9 @@ from rlpipe.local_service import inside, listen, peer_is_owner, process_alive
 
 IDLE_EXIT_S = 1800
 POLL_S = 0.5
-CONNECTION_IDLE_S = 30
-"""A stage sends its whole run at once when it ends: a connection silent this long is not a stage."""
+CONNECTION_IDLE_S = float(os.environ.get("RLPIPE_CONNECTION_IDLE_S", 30))
+"""A stage sends its whole run at once when it ends: a connection silent this long is not a stage
+(RLPIPE_CONNECTION_IDLE_S overrides it)."""
 BATCH_METRICS = 1000
 BATCH_PARAMS = 100
 
@@ -161,6 +163,8 @@ def main() -> int:
                 conn.settimeout(CONNECTION_IDLE_S)
                 try:
                     serve_stage(store, conn, project)
+                except socket.timeout:
+                    print("rlpipe tracking daemon: dropped an idle connection", file=sys.stderr, flush=True)
                 except Exception as err:  # keep serving the next stages; the stage sees no `ok` and warns
                     print(f"rlpipe tracking daemon: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
             idle_since = time.monotonic()
