@@ -2,6 +2,7 @@
 
   rlpipe pipeline [--rounds N]         write dvc.yaml and rounds/rK/dvc.yaml from the code and params.yaml
   rlpipe params-reference             write docs/params.md, every params key with its default and meaning
+  rlpipe prune --keep K [--remote R]  drop all but the latest K rounds' checkpoints (pushed to R first)
   rlpipe compare [--round rK]          every preset's token coefficients on one round's cached batch
   rlpipe check-expectations            the seed's expected-value claims on an exact tabular environment
 """
@@ -101,6 +102,32 @@ def _params_reference(args) -> int:
     return 0
 
 
+def _prune(args) -> int:
+    from rlpipe.config import load_params
+    from rlpipe.errors import PipelineError
+    from rlpipe.retention import clear, prune
+
+    root = Path.cwd()
+    if args.clear:
+        print("forgot what was pruned: `dvc repro` will recompute it" if clear(root) else "nothing was pruned")
+        return 0
+    if args.keep is None:
+        print("rlpipe prune: give --keep K (or --clear)", file=sys.stderr)
+        return 2
+    try:
+        removed = prune(root, args.keep, load_params().rounds, args.remote)
+    except PipelineError as err:
+        print(err, file=sys.stderr)
+        return 1
+    for path in removed:
+        print(f"removed {path}" + (f" (pushed to {args.remote})" if args.remote else ""))
+    if removed:
+        print("`dvc repro --allow-missing` skips the pruned rounds; `dvc pull rounds/rK/dvc.yaml:update` restores one")
+    else:
+        print(f"nothing to prune: at most {args.keep} rounds' checkpoints are on disk")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlpipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     reference.add_argument("--out", default="docs/params.md", help="where to write it (default docs/params.md)")
     reference.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is out of date")
     reference.set_defaults(run=_params_reference)
+    prune = sub.add_parser("prune", help="drop old rounds' checkpoints from the workspace and the local cache",
+                           description="Keep r0 and the latest K rounds' checkpoints (policy, optimizer state, critic); "
+                                       "remove the older ones from the workspace and the local DVC cache, after "
+                                       "`dvc push` to --remote when given. The round tables stay.")
+    prune.add_argument("--keep", type=int, help="rounds whose checkpoints stay on disk (at least 1)")
+    prune.add_argument("--remote", help="a DVC remote to push the pruned checkpoints to first (`dvc remote list`)")
+    prune.add_argument("--clear", action="store_true", help="forget what was pruned, so that `dvc repro` recomputes it")
+    prune.set_defaults(run=_prune)
     compare = sub.add_parser("compare", help="compare every preset on one round's cached batch")
     compare.add_argument("--round", help="round name (default: the first round)")
     compare.add_argument("--params", default="params.yaml")

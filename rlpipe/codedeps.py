@@ -29,6 +29,7 @@ EXEMPT = (
     "rlpipe.local_service",  # the sockets of the tracking daemon and the worker
     "rlpipe.pipeline",  # generates and checks these very declarations
     "rlpipe.codedeps",
+    "rlpipe.retention",  # prunes old checkpoints, and stops a stage that needs a pruned one
 )
 
 

@@ -67,27 +67,37 @@ def _metrics_out(path: Path) -> dict:
     return {path.as_posix(): {"cache": False}}
 
 
+def stage_data(name: str, round_name: str | None = None) -> tuple[list[Path], list[Path]]:
+    """(the artifacts stage `name` reads, those it writes); round stages take their round's name."""
+    if round_name is None:
+        reads = {"prepare": [], "init": [paths.TRAIN], "value_pretrain": [paths.policy_dir("r0"), paths.TRAIN],
+                 "evaluate": [paths.policy_dir("r0"), paths.policy_dir("r${rounds}"), paths.TEST]}[name]
+        writes = {"prepare": [paths.DATA], "init": [paths.policy_dir("r0")], "value_pretrain": [paths.critic_dir("r0")],
+                  "evaluate": [paths.PLOTS]}[name]
+        return reads, writes
+    r, prev = round_name, paths.previous_round(round_name)
+    reads = {
+        "rollout": [paths.policy_dir(prev), paths.TRAIN],
+        "reward": [paths.rollouts_path(r), paths.policy_dir("r0") / "tokenizer.json"],
+        "advantage": [paths.rewards_path(r), paths.policy_dir(prev), paths.policy_dir("r0"), paths.critic_dir(prev)],
+        "update": [paths.batch_path(r), paths.policy_dir(prev), paths.critic_dir(prev)],
+    }[name]
+    writes = {"rollout": [paths.rollouts_path(r)], "reward": [paths.rewards_path(r)], "advantage": [paths.batch_path(r)],
+              "update": [paths.policy_dir(r), paths.critic_dir(r)]}[name]
+    return reads, writes
+
+
 def once_stage(name: str) -> dict[str, Any]:
     """The entry of a stage that runs once (root dvc.yaml)."""
-    data_deps = {
-        "prepare": [],
-        "init": [paths.TRAIN],
-        "value_pretrain": [paths.policy_dir("r0"), paths.TRAIN],
-        "evaluate": [paths.policy_dir("r0"), paths.policy_dir("r${rounds}"), paths.TEST],
-    }[name]
-    outs = {
-        "prepare": [paths.DATA.as_posix()],
-        "init": [paths.policy_dir("r0").as_posix()],
-        "value_pretrain": [paths.critic_dir("r0").as_posix()],
-        "evaluate": [{paths.PLOTS.as_posix(): {"cache": False}}],
-    }[name]
+    reads, writes = stage_data(name)
     entry: dict[str, Any] = {
         "cmd": f"python stages/{name}.py",
-        "deps": [*stage_code_files(name), *(p.as_posix() for p in data_deps)],
+        "deps": [*stage_code_files(name), *(p.as_posix() for p in reads)],
         "params": list(STAGE_PARAMS[name]),
-        "outs": outs,
+        "outs": [p.as_posix() for p in writes],
     }
     if name == "evaluate":
+        entry["outs"] = [{paths.PLOTS.as_posix(): {"cache": False}}]
         entry["metrics"] = [_metrics_out(paths.EVAL)]
         entry["plots"] = [{paths.ROUND_CURVE.as_posix(): {"cache": False, "x": "round", "y": "pass@1"}}]
     return entry
@@ -95,25 +105,13 @@ def once_stage(name: str) -> dict[str, Any]:
 
 def round_stage(name: str, k: int) -> dict[str, Any]:
     """The entry of stage `name` of round rK (rounds/rK/dvc.yaml; paths are from the repo root)."""
-    r, prev = f"r{k}", f"r{k - 1}"
-    data_deps = {
-        "rollout": [paths.policy_dir(prev), paths.TRAIN],
-        "reward": [paths.rollouts_path(r), paths.policy_dir("r0") / "tokenizer.json"],
-        "advantage": [paths.rewards_path(r), paths.policy_dir(prev), paths.policy_dir("r0"), paths.critic_dir(prev)],
-        "update": [paths.batch_path(r), paths.policy_dir(prev), paths.critic_dir(prev)],
-    }[name]
-    outs = {
-        "rollout": [paths.rollouts_path(r)],
-        "reward": [paths.rewards_path(r)],
-        "advantage": [paths.batch_path(r)],
-        "update": [paths.policy_dir(r), paths.critic_dir(r)],
-    }[name]
+    reads, writes = stage_data(name, f"r{k}")
     return {
         "wdir": "../..",
-        "cmd": f"python stages/{name}.py {r}",
-        "deps": [*stage_code_files(name), *(p.as_posix() for p in data_deps)],
+        "cmd": f"python stages/{name}.py r{k}",
+        "deps": [*stage_code_files(name), *(p.as_posix() for p in reads)],
         "params": list(STAGE_PARAMS[name]),
-        "outs": [p.as_posix() for p in outs],
+        "outs": [p.as_posix() for p in writes],
     }
 
 

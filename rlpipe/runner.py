@@ -21,6 +21,7 @@ from rlpipe.atomic import atomic_write_text
 from rlpipe.config import Params, load_params
 from rlpipe.errors import PipelineError
 from rlpipe.pipeline import check_stage
+from rlpipe.retention import check_inputs
 from rlpipe.progress import bars_enabled
 from rlpipe.stages import STAGES, StageContext
 from rlpipe.tracking.client import StageTracker
@@ -84,6 +85,7 @@ def run_stage(name: str) -> None:
         sys.exit(f"{label}: round {round_name!r} is beyond `rounds: {params.rounds}` in params.yaml")
     try:
         check_stage(name, round_name, params.rounds, Path.cwd())
+        check_inputs(name, round_name, params.rounds, Path.cwd())
     except PipelineError as err:
         sys.exit(f"{label}: {err}")
 
