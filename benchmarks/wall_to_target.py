@@ -7,8 +7,9 @@ per "round" 2,048 prompts x 8 samples, 32 optimizer steps of 64 prompts x 8, Ada
 grpo loss (k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens,
 and bf16 autocast in the update: TRL's default (`bf16=True`, on CPU too), so rlpipe gets `update.bf16`.
 
-- rlpipe: the real pipeline, one `dvc repro update@rN` in the scratch project (every stage a process,
-  DVC in between), with value_pretrain's marker counted too; it is frozen while a round is scored.
+- rlpipe: the real pipeline, one `dvc repro rounds/rN/dvc.yaml:update` in the scratch project (DVC and
+  its stage processes, and the warm worker behind them), with value_pretrain's marker counted too; all
+  of it is frozen (SIGSTOP) while a round is scored.
 - TRL: `GRPOTrainer.train()` in this process, from building the trainer (it loads the policy and the
   reference model) on; `steps_per_generation` = 32 gives it the same 16,384-sample generations.
 
@@ -91,18 +92,28 @@ def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> l
     from rlpipe import paths
     from rlpipe.models.policy import load_policy
     from rlpipe.scratch_project import scratch_env
+    from rlpipe.worker.client import worker_pids
 
     curve, clock = [], Clock()
     log = open(root / "bench-dvc-repro.log", "w")
     repro = subprocess.Popen(["dvc", "repro", f"rounds/r{max_rounds}/dvc.yaml:update"], cwd=root, env=scratch_env(),
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
+    def pause(sig: int) -> None:
+        """The whole pipeline: dvc and its stage processes, and the warm worker (its own session)."""
+        os.killpg(repro.pid, sig)
+        for pid in worker_pids(root):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def score(k: int) -> float:
-        os.killpg(repro.pid, signal.SIGSTOP)
+        pause(signal.SIGSTOP)
         try:
             return greedy_pass_at_1(evaluator, *load_policy(root / paths.policy_dir(f"r{k}"), params.model.dtype))
         finally:
-            os.killpg(repro.pid, signal.SIGCONT)
+            pause(signal.SIGCONT)
 
     try:
         for k in range(1, max_rounds + 1):

@@ -119,12 +119,17 @@ def inside(path: str | Path, root: Path) -> bool:
 
 
 def process_alive(pid: int | None) -> bool:
+    """Whether process `pid` still runs (None: no owner to watch). A zombie (exited, not yet reaped by
+    its parent) counts as gone: a `dvc` that has finished is one until whoever started it reads its exit."""
     if pid is None:
         return True
     try:
         os.kill(pid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return True

@@ -34,8 +34,8 @@ try:
 except OSError as err:
     print(json.dumps({"connected": False, "error": type(err).__name__})); sys.exit(0)
 sock.settimeout(20)
-sock.sendall(sys.argv[2].encode() + b"\\n")
-try:
+try:  # the service may drop the connection before the line is sent
+    sock.sendall(sys.argv[2].encode() + b"\\n")
     reply = sock.recv(4096)
 except OSError as err:
     reply = b""

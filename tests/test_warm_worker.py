@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from rlpipe.scratch_project import scratch_env
+from rlpipe.worker.client import worker_pids
 from scratch import artifact_hashes, dvc, dvc_target, make_project, ran_stages
 
 WORKER_LOG = Path(".dvc/tmp/rlpipe-worker.log")
@@ -35,12 +36,6 @@ def by_hand(root: Path, stage: str, round_name: str, env: dict) -> dict:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads((root / f"runs/stage_metrics/{stage}_{round_name}.json").read_text())
-
-
-def worker_pids(root: Path) -> list[int]:
-    log = root / WORKER_LOG
-    lines = log.read_text().splitlines() if log.is_file() else []
-    return [int(line.split()[2].rstrip(":")) for line in lines if line.startswith("rlpipe worker ")]
 
 
 def stop_workers(root: Path) -> None:
@@ -119,6 +114,19 @@ def test_a_checkpoint_changed_on_disk_is_loaded_again(project_copy):
     other, other_bytes = rollout_r2()
     assert other["stage/worker_loads"] == 1
     assert other_bytes != original and other_bytes == cold_rollout_r2()
+
+
+def test_processes_the_worker_starts_do_not_hold_the_stage_output(project_copy):
+    """The math verifier's process pool outlives the reward stage in the worker. It must not inherit the
+    stage's stdout and stderr, or whoever reads them (DVC, a pipe, this test) would wait forever."""
+    root, env = project_copy, worker_env(f"pool-{os.getpid()}")
+    with_params(root, **{"reward.verifier": "math"})
+    for _ in range(2):  # the second call finds the pool already running
+        done = subprocess.run([sys.executable, "stages/reward.py", "r1"], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    metrics = json.loads((root / "runs/stage_metrics/reward_r1.json").read_text())
+    assert metrics["reward/accuracy"] > 0
 
 
 def test_bad_params_fail_before_any_worker_starts(tmp_path):

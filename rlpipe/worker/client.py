@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 from rlpipe import local_service
@@ -52,7 +53,10 @@ def connect(project: Path) -> socket.socket | None:
 
 def run_in_worker(conn: socket.socket, stage: str, round_name: str | None, project: Path) -> dict:
     """Send the stage to the worker with this process's stdout and stderr; wait for its answer."""
-    request = {"stage": stage, "round": round_name, "cwd": str(project), "env": dict(os.environ)}
+    env = dict(os.environ)
+    if "RLPIPE_PROGRESS" not in env and sys.stderr.isatty():  # the worker's stderr is a pipe, not this terminal
+        env["RLPIPE_PROGRESS"] = "1"
+    request = {"stage": stage, "round": round_name, "cwd": str(project), "env": env}
     with conn:
         socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [1, 2])
         answer = conn.makefile("r", encoding="utf-8").readline()
@@ -62,3 +66,12 @@ def run_in_worker(conn: socket.socket, stage: str, round_name: str | None, proje
                          f"{log}). Its outputs are written atomically, so nothing half-written is left; rerun "
                          f"`dvc repro` (a new worker starts), or set runtime.warm_worker: false")
     return json.loads(answer)
+
+
+def worker_pids(project: Path) -> list[int]:
+    """The pids of the workers started for `project`, oldest first, from their log (each writes
+    `rlpipe worker PID: serving ...` when it starts); for benchmarks and tests that pause or kill them."""
+    log = service_log(project, "rlpipe-worker.log")
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [int(line.split()[2].rstrip(":")) for line in lines if line.startswith("rlpipe worker ") and ": serving " in line]
+

@@ -3,7 +3,8 @@
 It imports torch and transformers once, then serves one stage at a time on its Unix socket:
 
 1. a request arrives: `{"stage", "round", "cwd", "env"}` and, passed with it, the client's stdout and
-   stderr (SCM_RIGHTS), so that progress bars and warnings appear in the stage's own output;
+   stderr (SCM_RIGHTS): what the stage prints (progress bars, warnings) is forwarded there
+   (`rlpipe.worker.output`), so that it appears in the stage's own output;
 2. the worker checks the peer is its own user and the directory is its project, takes the client's
    environment and directory, validates params.yaml, and runs the stage's function (`execute`) with its
    `ModelStore`, which persists across the execution's stages;
@@ -31,6 +32,7 @@ import traceback
 from pathlib import Path
 
 from rlpipe import local_service
+from rlpipe.worker.output import OutputRouter
 
 IDLE_EXIT_S = 600
 """A worker nobody called for this long goes away by itself."""
@@ -54,25 +56,17 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 @contextlib.contextmanager
-def client_context(fds: list[int], env: dict[str, str], cwd: str):
-    """The stage runs with the client's stdout/stderr, environment and directory; restored afterwards."""
-    sys.stdout.flush(), sys.stderr.flush()
-    saved_fds = [os.dup(1), os.dup(2)]
+def client_context(router: OutputRouter, fds: list[int], env: dict[str, str], cwd: str):
+    """The stage runs with the client's environment and directory, its output forwarded to the client's
+    stdout and stderr; all restored afterwards."""
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    for fd, target in zip(fds, (1, 2)):
-        os.dup2(fd, target)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
     try:
-        yield
+        with router.to(*fds):
+            yield
     finally:
-        sys.stdout.flush(), sys.stderr.flush()
-        for fd, target in zip(saved_fds, (1, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        for fd in fds:
-            os.close(fd)
         os.environ.clear()
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
@@ -118,7 +112,7 @@ def run_request(request: dict, store) -> dict:
     return {"ok": True, "metrics": metrics, "tracking": tracking.messages}
 
 
-def serve(conn: socket.socket, project: Path, store) -> None:
+def serve(conn: socket.socket, project: Path, store, router: OutputRouter) -> None:
     if not local_service.peer_is_owner(conn):
         print("rlpipe worker: dropped a connection from another user", file=sys.stderr, flush=True)
         return
@@ -140,7 +134,7 @@ def serve(conn: socket.socket, project: Path, store) -> None:
     print(f"rlpipe worker: {label} started", file=sys.stderr, flush=True)
     finished = threading.Event()
     exit_if_client_leaves(conn, finished)
-    with client_context(fds, request["env"], request["cwd"]):
+    with client_context(router, fds, request["env"], request["cwd"]):
         answer = run_request(request, store)
     finished.set()
     print(f"rlpipe worker: {label} {'done' if answer['ok'] else 'failed'}", file=sys.stderr, flush=True)
@@ -166,6 +160,7 @@ def main() -> int:
     if listener is None:
         return 0  # another worker serves this execution already
     listener.settimeout(POLL_S)
+    router = OutputRouter(os.dup(2))  # fd 2 is the worker's log, as its starter opened it
     store, idle_since = ModelStore(), time.monotonic()
     print(f"rlpipe worker {os.getpid()}: serving {project} for dvc pid {owner}", file=sys.stderr, flush=True)
     try:
@@ -175,7 +170,7 @@ def main() -> int:
             except socket.timeout:
                 continue
             with conn:
-                serve(conn, project, store)
+                serve(conn, project, store, router)
             idle_since = time.monotonic()
     finally:
         address.unlink(missing_ok=True)
