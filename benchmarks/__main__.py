@@ -2,7 +2,7 @@
 
 Each figure is a ratio against a baseline measured in the same run; see BENCHMARKS.md for results.
 Letters pick benchmarks (default: all; `e`, wall time to a pass@1 target against TRL, takes 10-25
-minutes on 2 cores). vLLM's runs only where vllm is installed (`.venv-vllm`, see `make test-vllm`).
+minutes on 2 cores, `f` and `g` 15-25 each). vLLM's runs only where vllm is installed (`.venv-vllm`, see `make test-vllm`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import importlib.util
 import sys
 
 BENCHMARKS = {"a": "advantage_math", "b": "stage_overhead", "c": "rollout_speed", "d": "update_speed",
-              "e": "wall_to_target"}
+              "e": "wall_to_target", "f": "dvc_scale", "g": "scale_round"}
 
 
 def main() -> int:

@@ -156,6 +156,12 @@ class ModelStore:
     def remember_critic(self, path: Path, critic, optimizer=None, dtype: str = "float32") -> None:
         self._remember("critic", path, critic, optimizer, dtype)
 
+    def release_accelerator(self) -> None:
+        """Before training: the rollout engine gives back its accelerator memory (vLLM sleep mode on a
+        GPU), so that the trainer can use it; it takes the next round's weights when it wakes."""
+        if self.engine is not None:
+            self.engine.release_memory()
+
     def forget_all(self) -> None:
         """Drop every model (after a failed stage, which may have left one half-trained); the engine stays,
         its weights marked unknown, so that the next use loads them again."""

@@ -255,6 +255,10 @@ class VLLMBackend:
             # more prompt tokens at once than max_num_batched_tokens) kills the engine ("CPU Generator
             # does not use offset": the token-discard rewind assumes a CUDA generator).
             engine_kwargs.setdefault("enable_chunked_prefill", False)
+        # On a GPU the engine can release its memory while the trainer runs (colocation, as verl's
+        # hybrid engine); vLLM supports it on CUDA only, and raises elsewhere.
+        self.sleep_mode = engine_kwargs.setdefault("enable_sleep_mode", current_platform.is_cuda())
+        self.asleep = False
         started = time.perf_counter()
         self.llm = LLM(
             model=str(model_path),
@@ -275,6 +279,9 @@ class VLLMBackend:
         from rlpipe.models.store import identity
 
         wanted = (str(Path(model_path).resolve()), identity(Path(model_path)))
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
         if wanted == (self.loaded_path, self.loaded_identity):
             return
         started = time.perf_counter()
@@ -284,6 +291,14 @@ class VLLMBackend:
             raise RuntimeError("vLLM did not reset its prefix cache after loading new weights")
         self.loaded_path, self.loaded_identity = wanted
         self.reload_seconds = time.perf_counter() - started
+
+    def release_memory(self) -> None:
+        """Give the accelerator's memory back while the trainer runs: sleep level 2 drops the weights and
+        the KV cache (the next `use_weights` reloads the checkpoint it is asked for). Written for CUDA and
+        not yet run on a GPU (the development machine has none); a no-op on CPU, where vLLM has no sleep."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep, self.loaded_identity = True, None
 
     def generate(self, rows: GenerationRows, spec: SamplingSpec, desc: str = "generate") -> GenerationOutput:
         from vllm import SamplingParams

@@ -19,6 +19,7 @@ def update(ctx) -> dict:
     ctx.init_torch()
     params, round_name, prev = ctx.params, ctx.round_name, ctx.prev_round
     check_compatible({"policy": paths.policy_dir(prev), "critic": paths.critic_dir(prev)})
+    ctx.models.release_accelerator()  # the warm worker's rollout engine sleeps while the trainer runs
     try:
         if params.update.nproc == 1:
             metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
