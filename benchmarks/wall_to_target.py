@@ -1,22 +1,24 @@
 """(e) Wall seconds from the same warm start to a greedy pass@1 target on the embedded task, against
 TRL's GRPOTrainer end to end (generation, reward, reference and old log-probs, update).
 
-Both sides start from the same `runs/policy/r0` (the embedded SFT warm start, built once by `dvc repro
-init` in a scratch project and not timed) and train on the same train split with the same schedule:
-per "round" 2,048 prompts x 8 samples, 32 optimizer steps of 64 prompts x 8, AdamW at the same lr, the
-grpo loss (k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens,
-and bf16 autocast in the update: TRL's default (`bf16=True`, on CPU too), so rlpipe gets `update.bf16`.
+For each seed, both sides start from the same `runs/policy/r0` (that seed's SFT warm start, built by
+`dvc repro init` in a scratch project and not timed) and train on the same train split with the
+schedule of params.yaml: per "round" `rollout.prompts_per_round` prompts x 8 samples, in optimizer steps
+of `update.minibatch_prompts` prompts (TRL's `steps_per_generation`), AdamW at the same lr, the grpo loss
+(k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens, and bf16
+autocast in the update: TRL's default (`bf16=True`, on CPU too), so rlpipe gets `update.bf16`. One round
+of difference is a large share of the time, so the figure is the ratio of the medians over 3 seeds.
 
 - rlpipe: the real pipeline, one `dvc repro rounds/rN/dvc.yaml:update` in the scratch project (DVC and
   its stage processes, and the warm worker behind them), with value_pretrain's marker counted too; all
   of it is frozen (SIGSTOP) while a round is scored.
 - TRL: `GRPOTrainer.train()` in this process, from building the trainer (it loads the policy and the
-  reference model) on; `steps_per_generation` = 32 gives it the same 16,384-sample generations.
+  reference model) on; `steps_per_generation` gives it the same generations as a round.
 
 After every round, each side's policy is scored with rlpipe's own evaluator (greedy pass@1 on the first
 `eval.max_prompts` test prompts, the figure `dvc repro` reports); the clock is paused meanwhile. The
 figure is ours / TRL's wall seconds to the first round at or above the target. Target: <= 0.5x.
-Needs the `bench` extra (trl). Takes 10-25 minutes on 2 cores.
+Needs the `bench` extra (trl). Takes 20-40 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,18 +36,21 @@ import yaml
 
 from benchmarks.common import table
 
-STEPS_PER_ROUND = 32  # 2,048 prompts per round / 64 prompts per minibatch, as in params.yaml
+def steps_per_round(params) -> int:
+    """Optimizer steps per round: the round's prompts in minibatches (TRL's steps_per_generation)."""
+    return params.rollout.prompts_per_round // params.update.minibatch_prompts
 
 
-def scratch_project(root: Path, rounds: int) -> Path:
-    """The pipeline with the embedded params, `rounds` rounds, tracking off (TRL's side reports nowhere
-    either), and TRL's default precision: bf16 autocast in the update."""
+def scratch_project(root: Path, rounds: int, seed: int) -> Path:
+    """The pipeline with the embedded params, `rounds` rounds, this seed, tracking off (TRL's side reports
+    nowhere either), and TRL's default precision: bf16 autocast in the update."""
     from rlpipe.scratch_project import CHECKOUT, copy_pipeline
 
     raw = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
     raw["update"]["bf16"] = True
     raw["rounds"] = rounds
+    raw["seed"] = seed
     return copy_pipeline(root, yaml.safe_dump(raw, sort_keys=False), committer="rlpipe-bench")
 
 
@@ -152,14 +157,15 @@ def run_trl(root: Path, params, evaluator, target: float, max_rounds: int) -> li
         return [v.reward for v in verify(completions, answer, meta)]
 
     cfg, update, algo = params.rollout, params.update, params.algorithm
-    assert cfg.prompts_per_round // update.minibatch_prompts == STEPS_PER_ROUND and algo.preset == "grpo"
+    steps = steps_per_round(params)
+    assert steps * update.minibatch_prompts == cfg.prompts_per_round and algo.preset == "grpo"
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-"), per_device_train_batch_size=update.minibatch_prompts * cfg.samples_per_prompt,
-        num_generations=cfg.samples_per_prompt, steps_per_generation=STEPS_PER_ROUND, max_steps=STEPS_PER_ROUND * max_rounds,
+        num_generations=cfg.samples_per_prompt, steps_per_generation=steps, max_steps=steps * max_rounds,
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
         learning_rate=update.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=update.weight_decay,
         adam_beta1=update.adam_beta1, adam_beta2=update.adam_beta2, max_grad_norm=update.max_grad_norm,
-        beta=0.04, epsilon=0.2, loss_type="grpo", use_cpu=True, report_to=[], logging_steps=STEPS_PER_ROUND,
+        beta=0.04, epsilon=0.2, loss_type="grpo", use_cpu=True, report_to=[], logging_steps=steps,
         save_strategy="no", seed=params.seed, disable_tqdm=True,
     )
     tokenizer = AutoTokenizer.from_pretrained(warm_start)
@@ -167,9 +173,9 @@ def run_trl(root: Path, params, evaluator, target: float, max_rounds: int) -> li
 
     class ScoreEachRound(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **_):
-            if state.global_step % STEPS_PER_ROUND:
+            if state.global_step % steps:
                 return
-            seconds, k = clock.elapsed(), state.global_step // STEPS_PER_ROUND
+            seconds, k = clock.elapsed(), state.global_step // steps
             curve.append((k, seconds, clock.pause(lambda: greedy_pass_at_1(evaluator, model, tokenizer))))
             print(f"  TRL    r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
             control.should_training_stop = curve[-1][2] >= target
@@ -184,38 +190,55 @@ def time_to(curve: list[tuple[int, float, float]], target: float) -> tuple[int, 
     return next(((k, s) for k, s, p in curve if p >= target), None)
 
 
-def run(target: float = 0.6, max_rounds: int = 10, work: Path | None = None) -> str:
+def one_seed(work: Path, seed: int, target: float, max_rounds: int) -> dict:
+    """Both sides from this seed's warm start: each side's curve and its (round, seconds) to the target."""
+    from rlpipe import paths
+    from rlpipe.config import load_params
+    from rlpipe.models.policy import load_policy
+    from rlpipe.stages.evaluate import Evaluator
+
+    root = scratch_project(work / f"seed{seed}", max_rounds, seed)
+    params = load_params(root / "params.yaml")
+    dvc_repro(root, "init")  # the shared warm start: not timed
+    evaluator = Evaluator(params, root / paths.TEST)
+    start = greedy_pass_at_1(evaluator, *load_policy(root / paths.policy_dir("r0"), params.model.dtype))
+    print(f"  seed {seed}: warm start pass@1 {start:.3f}; target {target}", flush=True)
+    ours = run_ours(root, params, evaluator, target, max_rounds)
+    theirs = run_trl(root, params, evaluator, target, max_rounds)
+    return {"seed": seed, "start": start, "ours": ours, "theirs": theirs,
+            "ours_hit": time_to(ours, target), "theirs_hit": time_to(theirs, target)}
+
+
+def run(target: float = 0.6, max_rounds: int = 20, work: Path | None = None, seeds: tuple[int, ...] = (0, 1, 2)) -> str:
     try:
         import trl  # noqa: F401
     except ImportError:
         return "## (e) wall seconds to the pass@1 target against TRL\n\ntrl is not installed: `pip install -e '.[bench]'`\n"
+    import statistics
+
     import torch
 
-    from rlpipe import paths
-    from rlpipe.config import load_params
-    from rlpipe.stages.evaluate import Evaluator
-    from rlpipe.models.policy import load_policy
-
+    torch.set_num_threads(2)
     keep = work is not None  # a directory the caller named stays, for its stage metrics
     work = Path(work or tempfile.mkdtemp(prefix="rlpipe-wall-"))
-    root = scratch_project(work / "project", max_rounds)
-    params = load_params(root / "params.yaml")
-    torch.set_num_threads(params.runtime.torch_threads)
-    dvc_repro(root, "init")  # the shared warm start: not timed
-    evaluator = Evaluator(params, root / paths.TEST)
-    start = greedy_pass_at_1(evaluator, *load_policy(root / paths.policy_dir("r0"), params.model.dtype))
-    print(f"  warm start pass@1 {start:.3f}; target {target}", flush=True)
-    ours = run_ours(root, params, evaluator, target, max_rounds)
-    theirs = run_trl(root, params, evaluator, target, max_rounds)
-    a, b = time_to(ours, target), time_to(theirs, target)
-    rows = [["rlpipe (dvc repro)", *_reached(a), " ".join(f"{p:.2f}" for _, _, p in ours), f"{ours[-1][1] / len(ours):.0f}"],
-            ["TRL GRPOTrainer", *_reached(b), " ".join(f"{p:.2f}" for _, _, p in theirs), f"{theirs[-1][1] / len(theirs):.0f}"]]
-    text = table(f"(e) wall seconds from the warm start (pass@1 {start:.3f}) to greedy pass@1 >= {target}",
-                 ["side", "rounds to target", "seconds to target", "pass@1 per round", "seconds per round"], rows)
-    if a and b:
-        text += f"\nratio rlpipe / TRL: {a[1] / b[1]:.2f}x (target <= 0.5x)\n"
+    results = [one_seed(work, seed, target, max_rounds) for seed in seeds]
+    rows = []
+    for r in results:
+        for side, curve, hit in (("rlpipe (dvc repro)", r["ours"], r["ours_hit"]), ("TRL GRPOTrainer", r["theirs"], r["theirs_hit"])):
+            rows.append([r["seed"], f"{r['start']:.3f}", side, *_reached(hit), " ".join(f"{p:.2f}" for _, _, p in curve),
+                         f"{curve[-1][1] / len(curve):.1f}"])
+    text = table(f"(e) wall seconds from each seed's warm start to greedy pass@1 >= {target}",
+                 ["seed", "start", "side", "rounds to target", "seconds to target", "pass@1 per round", "seconds per round"],
+                 rows)
+    ratios = [r["ours_hit"][1] / r["theirs_hit"][1] for r in results if r["ours_hit"] and r["theirs_hit"]]
+    if len(ratios) == len(results):
+        ours_median = statistics.median(r["ours_hit"][1] for r in results)
+        theirs_median = statistics.median(r["theirs_hit"][1] for r in results)
+        text += (f"\nmedian seconds to target: rlpipe {ours_median:.0f}, TRL {theirs_median:.0f}: ratio of medians "
+                 f"{ours_median / theirs_median:.2f}x (target <= 0.5x); per seed " +
+                 ", ".join(f"{x:.2f}x" for x in ratios) + "\n")
     else:
-        text += f"\nnot both reached {target} within {max_rounds} rounds: no ratio\n"
+        text += f"\nnot every side reached {target} within {max_rounds} rounds for every seed: no median ratio\n"
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     return text
@@ -228,7 +251,8 @@ def _reached(hit: tuple[int, float] | None) -> list:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=float, default=0.6)
-    parser.add_argument("--max-rounds", type=int, default=10)
+    parser.add_argument("--max-rounds", type=int, default=20)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--work", type=Path, help="scratch directory, kept afterwards (default: a new temporary one, removed after)")
     ns = parser.parse_args()
-    print(run(ns.target, ns.max_rounds, ns.work))
+    print(run(ns.target, ns.max_rounds, ns.work, tuple(ns.seeds)))

@@ -111,3 +111,26 @@ def test_dvc_exp_show_lists_both_with_pass_at_1(two_experiments):
         assert row["algorithm.preset"] == name.removeprefix("mini-")
         assert 0.0 <= float(row[final]) <= 1.0
         assert 0.0 <= float(row[initial]) <= 1.0
+
+
+def test_a_two_experiment_queue_runs_in_parallel_and_exp_show_lists_both(tmp_path):
+    """`dvc exp run --queue` twice, `dvc queue start -j 2`: each experiment is its own pipeline execution
+    (its own warm worker), and `dvc exp show` lists both with their results."""
+    root = make_project(tmp_path / "project")
+    for name, preset in (("q-grpo", "grpo"), ("q-dr-grpo", "dr_grpo")):
+        dvc(root, "exp", "run", "--queue", "-n", name, "-S", f"algorithm.preset={preset}")
+    dvc(root, "queue", "start", "-j", "2")
+    deadline = time.monotonic() + 900
+    while True:
+        status = dvc(root, "queue", "status")
+        if "Queued" not in status and "Running" not in status:
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(5)
+    assert status.count("Success") == 2, status
+    table = list(csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv"))))
+    by_name = {row["Experiment"]: row for row in table if row.get("Experiment")}
+    final = next(c for c in table[0] if c.split(":")[-1] == "pass@1")
+    for name, preset in (("q-grpo", "grpo"), ("q-dr-grpo", "dr_grpo")):
+        assert by_name[name]["algorithm.preset"] == preset
+        assert 0.0 <= float(by_name[name][final]) <= 1.0

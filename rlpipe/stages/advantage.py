@@ -61,11 +61,7 @@ def needs_old_recompute(params: Params) -> bool:
 
 def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path: Path, ref_path: Path,
                 critic_path: Path, out_path: Path, models=None) -> dict:
-    import torch
-
-    from rlpipe.algorithms.build import compute_round_advantages
     from rlpipe.models.policy import check_compatible
-    from rlpipe.models.sequences import pad_ragged
     from rlpipe.models.store import ModelStore
 
     models = models or ModelStore()
@@ -88,63 +84,87 @@ def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path
     empty: list[list[float]] = [[] for _ in range(n)]
     out = {**columns.data, "kept": [False] * n, "shaped_reward": shaped, "old_logprobs": old,
            "ref_logprobs": empty, "values": empty, "advantages": [[0.0] * len(r) for r in old], "returns": empty}
-    rows = selection.kept_rows
-    if rows:
-        prompt_ids = [columns["prompt_ids"][i] for i in rows]
-        response_ids = [columns["response_ids"][i] for i in rows]
-        width = max(len(r) for r in response_ids)
-        mask = pad_ragged(response_ids, 0, torch.long, width=width)[1]
-        logprobs = RoundLogprobs(params, prompt_ids, response_ids, width, models)
-        old_logp = pad_ragged([old[i] for i in rows], 0.0, torch.float32, width=width)[0]
-        if needs_old_recompute(params):
+    if selection.kept_rows:
+        token_inputs = KeptRows(params, columns, selection.kept_rows, models)
+        metrics.update(token_inputs.logprobs_and_values(policy_path, ref_path, critic_path))
+        metrics.update(token_inputs.advantages(shaped, out))
+    else:
+        warnings.warn(f"{round_name}: no group carries signal; the update of this round will be skipped")
+    artifacts.write_table(out_path, out, artifacts.BATCH)
+    return metrics
+
+
+class KeptRows:
+    """The kept rows of a round as padded (B, T) tensors: their old, reference and critic values, then
+    their advantages, written back into the batch's columns."""
+
+    def __init__(self, params: Params, columns: artifacts.Columns, rows: list[int], models):
+        import torch
+
+        from rlpipe.models.sequences import pad_ragged
+
+        self.params, self.columns, self.rows, self.models = params, columns, rows, models
+        self.spec = params.algorithm.resolve()
+        self.prompt_ids = [columns["prompt_ids"][i] for i in rows]
+        self.response_ids = [columns["response_ids"][i] for i in rows]
+        self.width = max(len(r) for r in self.response_ids)
+        self.mask = pad_ragged(self.response_ids, 0, torch.long, width=self.width)[1]
+        self.old_logp = pad_ragged([columns["behaviour_logprobs"][i] for i in rows], 0.0, torch.float32, width=self.width)[0]
+        self.ref_logp = self.values = None
+
+    def logprobs_and_values(self, policy_path: Path, ref_path: Path, critic_path: Path) -> dict:
+        """pi_old (recomputed by the trainer for another engine), pi_ref (for a KL term), V (for GAE)."""
+        metrics = {}
+        logprobs = RoundLogprobs(self.params, self.prompt_ids, self.response_ids, self.width, self.models)
+        if needs_old_recompute(self.params):
             recomputed = logprobs.of(policy_path)
-            drift = (recomputed - old_logp).abs()[mask]
+            drift = (recomputed - self.old_logp).abs()[self.mask]
             metrics.update({"logprob_drift/mean": drift.mean().item(), "logprob_drift/max": drift.max().item()})
-            old_logp = recomputed
-        ref_logp = None
-        if spec.needs_reference:
-            ref_logp = old_logp if Path(ref_path).resolve() == Path(policy_path).resolve() else logprobs.of(ref_path)
-        values = None
-        if spec.needs_critic:
+            self.old_logp = recomputed
+        if self.spec.needs_reference:
+            same = Path(ref_path).resolve() == Path(policy_path).resolve()
+            self.ref_logp = self.old_logp if same else logprobs.of(ref_path)
+        if self.spec.needs_critic:
             from rlpipe.models.critic import critic_values
 
-            critic, critic_tokenizer = models.critic(critic_path, params.model.dtype)
-            values = critic_values(critic, critic_tokenizer.pad_token_id, prompt_ids, response_ids, width,
-                                   params.update.micro_batch_tokens)
-        group_ids = sorted({columns["group"][i] for i in rows})
-        dense = {g: k for k, g in enumerate(group_ids)}
+            critic, critic_tokenizer = self.models.critic(critic_path, self.params.model.dtype)
+            self.values = critic_values(critic, critic_tokenizer.pad_token_id, self.prompt_ids, self.response_ids,
+                                        self.width, self.params.update.micro_batch_tokens)
+        return metrics
+
+    def advantages(self, shaped: list[float], out: dict) -> dict:
+        """The estimator on the kept rows; their columns of `out` filled in place."""
+        import torch
+
+        from rlpipe.algorithms.build import compute_round_advantages
+        from rlpipe.models.sequences import pad_ragged
+
+        columns, rows, n = self.columns, self.rows, len(self.columns)
+        dense = {g: k for k, g in enumerate(sorted({columns["group"][i] for i in rows}))}
         baseline = None
-        if spec.greedy_baseline:
+        if self.spec.greedy_baseline:
             greedy_reward = {columns["group"][i]: shaped[i] for i in range(n) if columns["is_greedy"][i]}
             baseline = torch.tensor([greedy_reward[columns["group"][i]] for i in rows], dtype=torch.float32)
         step_ends, step_mask = pad_ragged([columns["step_ends"][i] for i in rows], 0, torch.long)
         step_rewards = pad_ragged([columns["step_rewards"][i] for i in rows], 0.0, torch.float32)[0]
         result = compute_round_advantages(
-            spec,
+            self.spec,
             rewards=torch.tensor([shaped[i] for i in rows], dtype=torch.float32),
-            response_mask=mask,
+            response_mask=self.mask,
             group_index=torch.tensor([dense[columns["group"][i]] for i in rows]),
-            old_logp=old_logp, ref_logp=ref_logp, values=values, baseline_rewards=baseline,
+            old_logp=self.old_logp, ref_logp=self.ref_logp, values=self.values, baseline_rewards=baseline,
             step_ends=step_ends, step_rewards=step_rewards, step_mask=step_mask,
         )
-        lengths = mask.sum(dim=1).tolist()
-
-        def unpad(t: torch.Tensor) -> list[list[float]]:
-            return [row[:length] for row, length in zip(t.tolist(), lengths)]
-
-        for column, tensor in (("old_logprobs", old_logp), ("ref_logprobs", ref_logp), ("values", values),
+        lengths = self.mask.sum(dim=1).tolist()
+        for column, tensor in (("old_logprobs", self.old_logp), ("ref_logprobs", self.ref_logp), ("values", self.values),
                                ("advantages", result.advantages), ("returns", result.returns)):
             if tensor is not None:
                 out[column] = list(out[column])
-                for i, row in zip(rows, unpad(tensor)):
-                    out[column][i] = row
+                for i, row, length in zip(rows, tensor.tolist(), lengths):
+                    out[column][i] = row[:length]
         for i in rows:
             out["kept"][i] = True
-        metrics.update(advantage_metrics(result.advantages, mask, old_logp, ref_logp))
-    else:
-        warnings.warn(f"{round_name}: no group carries signal; the update of this round will be skipped")
-    artifacts.write_table(out_path, out, artifacts.BATCH)
-    return metrics
+        return advantage_metrics(result.advantages, self.mask, self.old_logp, self.ref_logp)
 
 
 class RoundLogprobs:
