@@ -80,7 +80,9 @@ def unique_bytes(*dirs: Path) -> int:
 
 def disk(root: Path) -> tuple[int, int]:
     """(unique bytes of runs/ and .dvc/cache, bytes the stored outputs hold once)."""
-    outputs = unique_bytes(*(p for p in (root / "runs").iterdir() if p.name not in ("stage_metrics", "metrics", "plots")))
+    from rlpipe.paths import REPORTS
+
+    outputs = unique_bytes(*(p for p in (root / "runs").iterdir() if p.relative_to(root) not in REPORTS))
     return unique_bytes(root / "runs", root / ".dvc/cache"), outputs
 
 

@@ -14,6 +14,9 @@ TEST = DATA / "test.parquet"
 METRICS = RUNS / "metrics"
 STAGE_METRICS = RUNS / "stage_metrics"
 PLOTS = RUNS / "plots"
+# Reports about a run, not its artifacts: they hold wall times, so two runs of the same params differ
+# here and only here (the byte-identity tests and the disk benchmark leave these folders out).
+REPORTS = (METRICS, STAGE_METRICS, PLOTS)
 EVAL = METRICS / "eval.json"
 ROUND_CURVE = METRICS / "rounds.json"
 TRAINER_STATE = "trainer_state.json"

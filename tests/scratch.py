@@ -47,11 +47,14 @@ def ran_stages(log: str) -> list[str]:
 
 
 def artifact_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every artifact under runs/: data, checkpoints, round tables. The metrics files, each
-    stage's own metrics and the plots are left out, because they hold wall times."""
+    """sha256 of every artifact under runs/: data, checkpoints, round tables. The reports
+    (`rlpipe.paths.REPORTS`: metrics, stage metrics, plots) are left out, because they hold wall times."""
+    from rlpipe.paths import REPORTS
+
+    reports = tuple(f"{folder.as_posix()}/" for folder in REPORTS)
     out = {}
     for path in sorted((root / "runs").rglob("*")):
         rel = path.relative_to(root).as_posix()
-        if path.is_file() and not rel.startswith(("runs/metrics/", "runs/stage_metrics/", "runs/plots/")):
+        if path.is_file() and not rel.startswith(reports):
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
