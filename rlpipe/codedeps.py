@@ -30,6 +30,9 @@ EXEMPT = (
     "rlpipe.pipeline",  # generates and checks these very declarations
     "rlpipe.codedeps",
     "rlpipe.retention",  # prunes old checkpoints, and stops a stage that needs a pruned one
+    # writes the round stages' declarations (and checks them before a stage runs): only the `fingerprint`
+    # stage's outputs depend on it, and that stage declares it (`bookkeeping_code_files`)
+    "rlpipe.fingerprints",
 )
 
 
@@ -108,6 +111,19 @@ def reachable_modules(*starts: str) -> set[str]:
     return seen
 
 
+def code_files(*starts: str) -> list[str]:
+    """Repo-relative paths of the non-exempt rlpipe modules importing `starts` can run, sorted."""
+    modules = [m for m in reachable_modules(*starts) if not is_exempt(m)]
+    return sorted({module_file(m).relative_to(REPO_ROOT).as_posix() for m in modules})
+
+
+def bookkeeping_code_files(module: str) -> list[str]:
+    """The code of a bookkeeping stage whose module is exempt from the other stages' deps: the module's
+    own file and the non-exempt files its imports can run."""
+    own = module_file(module).relative_to(REPO_ROOT).as_posix()
+    return sorted({own, *code_files(*_direct_imports(module))})
+
+
 def stage_code_files(stage: str) -> list[str]:
     """Repo-relative paths of the source files stage `stage` depends on: its entry script and every
     non-exempt rlpipe module its work can import. Two come in through objects rather than imports, and
@@ -116,6 +132,4 @@ def stage_code_files(stage: str) -> list[str]:
     from rlpipe.stages import STAGES
 
     starts = [f"rlpipe.stages.{stage}", "rlpipe.config"] + (["rlpipe.models.store"] if STAGES[stage].uses_models else [])
-    modules = [m for m in reachable_modules(*starts) if not is_exempt(m)]
-    files = {module_file(m).relative_to(REPO_ROOT).as_posix() for m in modules}
-    return [f"stages/{stage}.py", *sorted(files)]
+    return [f"stages/{stage}.py", *code_files(*starts)]

@@ -47,6 +47,11 @@ def batch_path(round_name: str) -> Path:
     return round_dir(round_name) / "batch.parquet"
 
 
+def fingerprint_path(stage: str) -> Path:
+    """The params values and code hashes round stage `stage` depends on (`rlpipe.fingerprints`)."""
+    return RUNS / "fingerprints" / f"{stage}.json"
+
+
 def stage_metrics_path(stage: str, round_name: str | None = None) -> Path:
     """What one stage execution measured (its metrics and timings): a log of the last execution, written
     by the stage process and not a DVC output (one DVC output of the kind per stage and round would make

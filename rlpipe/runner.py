@@ -20,11 +20,12 @@ from rlpipe import paths
 from rlpipe.atomic import atomic_write_text
 from rlpipe.config import Params, load_params
 from rlpipe.errors import PipelineError
+from rlpipe.fingerprints import check_fingerprint
 from rlpipe.pipeline import check_stage
 from rlpipe.retention import check_inputs
 from rlpipe.progress import bars_enabled
 from rlpipe.stages import STAGES, StageContext
-from rlpipe.tracking.client import StageTracker
+from rlpipe.tracking.client import StageTracker, execution_id
 
 STARTED = time.perf_counter()
 
@@ -85,6 +86,11 @@ def run_stage(name: str) -> None:
         sys.exit(f"{label}: round {round_name!r} is beyond `rounds: {params.rounds}` in params.yaml")
     try:
         check_stage(name, round_name, params.rounds, Path.cwd())
+        # Under DVC only: DVC records the run against the fingerprint file, so a stale one would let a later
+        # `dvc repro` serve these outputs for the old params. A run by hand is recorded nowhere; DVC sees
+        # its outputs as modified and reruns the stage.
+        if spec.per_round and not execution_id().startswith("stage:"):
+            check_fingerprint(name, params, Path.cwd())
         check_inputs(name, round_name, params.rounds, Path.cwd())
     except PipelineError as err:
         sys.exit(f"{label}: {err}")

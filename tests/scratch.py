@@ -46,6 +46,12 @@ def ran_stages(log: str) -> list[str]:
     return [stage_label(line.split("'")[1]) for line in log.splitlines() if line.startswith("Running stage '")]
 
 
+def tracked_stages(log: str) -> list[str]:
+    """The stages a dvc log ran that did work, each an MLflow child run: all but the `fingerprint`
+    bookkeeping stage (rlpipe/fingerprints.py)."""
+    return [stage for stage in ran_stages(log) if stage != "fingerprint"]
+
+
 def artifact_hashes(root: Path) -> dict[str, str]:
     """sha256 of every artifact under runs/: data, checkpoints, round tables. The reports
     (`rlpipe.paths.REPORTS`: metrics, stage metrics, plots) are left out, because they hold wall times."""

@@ -28,7 +28,7 @@ from conftest import REPO
 from params_recorder import covered
 from rlpipe.codedeps import is_exempt, module_file
 from rlpipe.scratch_project import scratch_env
-from scratch import dvc, dvc_target, make_project
+from scratch import dvc, dvc_target, make_project, ran_stages
 
 PROBE = REPO / "tests" / "stage_probe.py"
 ONCE = ("prepare", "init", "value_pretrain", "evaluate")
@@ -36,9 +36,17 @@ PER_ROUND = ("rollout", "reward", "advantage", "update")
 
 
 def declared(root: Path, stage: str, round_name: str | None) -> dict:
-    """A stage's entry in the project's pipeline files (round stages: rounds/rK/dvc.yaml)."""
+    """What a stage declares: its entry in the project's pipeline files (round stages: rounds/rK/dvc.yaml),
+    with a round stage's params keys and code files taken from its fingerprint, as the run wrote it."""
     path = root / (dvc_target(f"{stage}@{round_name}").split(":")[0] if round_name else "dvc.yaml")
-    return yaml.safe_load(path.read_text())["stages"][stage]
+    entry = yaml.safe_load(path.read_text())["stages"][stage]
+    if round_name is not None:
+        from rlpipe.paths import fingerprint_path
+
+        assert fingerprint_path(stage).as_posix() in entry["deps"]
+        written = json.loads((root / fingerprint_path(stage)).read_text())
+        entry = {**entry, "params": list(written["params"]), "deps": [*entry["deps"], *written["code"]]}
+    return entry
 
 
 def probe(root: Path, stage: str, round_name: str | None) -> dict:
@@ -107,19 +115,64 @@ def test_the_checks_fail_on_a_missing_declaration(grpo_reads, mini_run):
 
 
 def test_a_stale_pipeline_file_stops_the_stage(mini_run, tmp_path):
-    """A stage whose entry lacks a library file its work now imports refuses to run, naming the file."""
+    """A stage whose entry lacks a library file its work now imports refuses to run, naming the file; for
+    the round stages, the entry that lists their code is the `fingerprint` stage's."""
     from rlpipe.errors import PipelineError
     from rlpipe.pipeline import check_stage
 
     root = tmp_path / "project"
     shutil.copytree(mini_run[0], root, ignore=shutil.ignore_patterns("runs", "mlruns", "mlflow.db", ".dvc", ".git"))
-    path = root / "rounds/r1/dvc.yaml"
+    path = root / "dvc.yaml"
     pipeline = yaml.safe_load(path.read_text())
-    pipeline["stages"]["advantage"]["deps"].remove("rlpipe/algorithms/kl.py")
+    pipeline["stages"]["fingerprint"]["deps"].remove("rlpipe/algorithms/kl.py")
     path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
-    check_stage("rollout", "r1", 2, root)  # the other stages' entries are current
+    check_stage("advantage", "r1", 2, root)  # the other entries are current
+    check_stage("prepare", None, 2, root)
     with pytest.raises(PipelineError, match="undeclared: rlpipe/algorithms/kl.py; run `rlpipe pipeline`"):
-        check_stage("advantage", "r1", 2, root)
+        check_stage("fingerprint", None, 2, root)
+
+
+def test_a_stale_fingerprint_stops_the_round_stage(mini_run, tmp_path):
+    """After an edit the `fingerprint` stage has not seen (a single-stage `dvc repro -s`), a round stage
+    whose params or code changed stops, naming what changed; the others run."""
+    from rlpipe.config import load_params
+    from rlpipe.fingerprints import StaleFingerprintError, check_fingerprint
+
+    root = tmp_path / "project"
+    shutil.copytree(mini_run[0], root, ignore=shutil.ignore_patterns("mlruns", "mlflow.db", ".dvc", ".git"))
+    params = load_params(root / "params.yaml")
+    for stage in PER_ROUND:
+        check_fingerprint(stage, params, root)
+    changed = params.model_copy(update={"algorithm": params.algorithm.model_copy(update={"std_ddof": 1})})
+    check_fingerprint("rollout", changed, root)
+    with pytest.raises(StaleFingerprintError, match=r"runs/fingerprints/advantage.json .*changed: params algorithm\);"
+                                                     r" run `dvc repro`.*`dvc repro -s fingerprint`"):
+        check_fingerprint("advantage", changed, root)
+    code = root / "rlpipe/algorithms/kl.py"
+    code.write_text(code.read_text() + "\n# edited\n")
+    check_fingerprint("reward", params, root)
+    with pytest.raises(StaleFingerprintError, match="changed: rlpipe/algorithms/kl.py"):
+        check_fingerprint("update", params, root)
+
+
+def test_a_round_stage_after_an_edit_runs_with_its_fingerprint_refreshed(mini_run, tmp_path):
+    """After a params edit, `dvc repro <round stage>` reruns the fingerprint first, then the stage;
+    `dvc repro -s` finds the stage's own inputs unchanged and skips it, and forced (`-f`), it stops,
+    naming the command, rather than record a run under the old fingerprint."""
+    root = tmp_path / "project"
+    shutil.copytree(mini_run[0], root, ignore=shutil.ignore_patterns("mlruns", "mlflow.db", "tmp"))
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["algorithm"]["std_ddof"] = 1
+    params["tracking"]["enabled"] = False
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    target = dvc_target("advantage@r1")
+    assert "didn't change, skipping" in dvc(root, "repro", "-s", target)
+    forced = subprocess.run(["dvc", "repro", "-s", "-f", target], cwd=root, env=scratch_env(),
+                            capture_output=True, text=True, timeout=600)
+    assert forced.returncode != 0
+    assert "changed: params algorithm" in forced.stderr and "`dvc repro -s fingerprint`" in forced.stderr
+    assert ran_stages(dvc(root, "repro", target)) == ["fingerprint", "advantage@r1"]
+    assert "rollout" not in dvc(root, "status", dvc_target("rollout@r1"))
 
 
 def test_bytecode_never_changes_dvc_status(mini_run, tmp_path):

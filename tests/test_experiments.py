@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from scratch import dvc, make_project, ran_stages
+from scratch import dvc, make_project, tracked_stages
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_rest_api_shows_two_parents_with_a_child_per_stage(two_experiments, mlfl
     for parent in parents:
         preset = tags(parent)["dvc.exp_name"].removeprefix("mini-")
         children = [r for r in runs if tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
-        assert sorted(r["info"]["run_name"] for r in children) == sorted(ran_stages(logs[preset]))
+        assert sorted(r["info"]["run_name"] for r in children) == sorted(tracked_stages(logs[preset]))
         metrics = {m["key"]: m["value"] for m in parent["data"].get("metrics", [])}
         assert "pass_at_1" in metrics
         params = {p["key"]: p["value"] for p in parent["data"].get("params", [])}

@@ -2,8 +2,8 @@
 
 It checks what a user relies on: every stage runs and writes its artifacts, eval.json has the
 headline metrics, MLflow holds one parent run with one child per stage, a second `dvc repro` runs
-nothing, and an advantage-only change reruns from `advantage@r1` on while `rollout@r1` and
-`reward@r1` come from the cache.
+nothing, and an advantage-only change reruns from `advantage@r1` on (after the `fingerprint` stage) while
+`rollout@r1` and `reward@r1` come from the cache.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import json
 
 import yaml
 
-from scratch import dvc, ran_stages
+from scratch import dvc, ran_stages, tracked_stages
 
 
 def stage_names(params: dict) -> list[str]:
     rounds = [f"r{k}" for k in range(1, params["rounds"] + 1)]
     per_round = [f"{s}@{r}" for r in rounds for s in ("rollout", "reward", "advantage", "update")]
-    return ["prepare", "init", "value_pretrain", *per_round, "evaluate"]
+    return ["fingerprint", "prepare", "init", "value_pretrain", *per_round, "evaluate"]
 
 
 def test_repro_runs_every_stage(mini_run):
@@ -54,7 +54,7 @@ def test_mlflow_has_one_parent_with_a_child_per_stage(mini_run):
     parents = [r for r in runs if r.data.tags.get("rlpipe.stage") == "pipeline"]
     assert len(parents) == 1
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert sorted(r.info.run_name for r in children) == sorted(ran_stages(log))
+    assert sorted(r.info.run_name for r in children) == sorted(tracked_stages(log))
     assert all(r.info.status == "FINISHED" for r in children)
     assert "pass_at_1" in parents[0].data.metrics  # MLflow names cannot hold "@"
     history = client.get_metric_history(parents[0].info.run_id, "reward/accuracy")
@@ -72,7 +72,7 @@ def test_advantage_knob_reuses_rollouts(mini_run):
     log = dvc(root, "exp", "run", "--temp", "-S", "algorithm.std_ddof=1")
     ran = ran_stages(log)
     assert "rollout@r1" not in ran and "reward@r1" not in ran
-    assert ran[0] == "advantage@r1"
+    assert ran[:2] == ["fingerprint", "advantage@r1"]  # the fingerprint stage reran; only advantage's changed
     assert {"update@r1", "rollout@r2", "evaluate"} <= set(ran)
     params = yaml.safe_load((root / "params.yaml").read_text())
     assert params["algorithm"]["std_ddof"] is None  # --temp leaves the workspace params alone

@@ -52,6 +52,9 @@ def with_params(root: Path, **changes) -> None:
         section, key = dotted.split(".")
         params[section][key] = value
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # the stages here run as one execution (RLPIPE_EXECUTION_ID), as under DVC, which would rerun the
+    # fingerprint stage after the edit
+    subprocess.run([sys.executable, "stages/fingerprint.py"], cwd=root, env=scratch_env(), check=True)
 
 
 @pytest.fixture
