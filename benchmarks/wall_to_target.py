@@ -18,7 +18,8 @@ of difference is a large share of the time, so the figure is the ratio of the me
 After every round, each side's policy is scored with rlpipe's own evaluator (greedy pass@1 on the first
 `eval.max_prompts` test prompts, the figure `dvc repro` reports); the clock is paused meanwhile. The
 figure is ours / TRL's wall seconds to the first round at or above the target. Target: <= 0.5x.
-Needs the `bench` extra (trl). Takes 20-40 minutes on 2 cores.
+Needs the `bench` extra (trl). Takes 20-40 minutes on 2 cores; with `--work DIR`, each seed's result is
+kept there, and a run cut short resumes at the next seed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def scratch_project(root: Path, rounds: int, seed: int) -> Path:
     nowhere either), and TRL's default precision: bf16 autocast in the update."""
     from rlpipe.scratch_project import CHECKOUT, copy_pipeline
 
+    shutil.rmtree(root, ignore_errors=True)  # a seed cut short starts over
     raw = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
     raw["update"]["bf16"] = True
@@ -209,6 +211,18 @@ def one_seed(work: Path, seed: int, target: float, max_rounds: int) -> dict:
             "ours_hit": time_to(ours, target), "theirs_hit": time_to(theirs, target)}
 
 
+def seed_result(work: Path, seed: int, target: float, max_rounds: int) -> dict:
+    """One seed's result, kept in the work directory: a run cut short resumes at the first seed without one."""
+    import json
+
+    saved = work / f"seed{seed}-target{target}-max{max_rounds}.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    result = one_seed(work, seed, target, max_rounds)
+    saved.write_text(json.dumps(result))
+    return result
+
+
 def run(target: float = 0.6, max_rounds: int = 20, work: Path | None = None, seeds: tuple[int, ...] = (0, 1, 2)) -> str:
     try:
         import trl  # noqa: F401
@@ -221,7 +235,7 @@ def run(target: float = 0.6, max_rounds: int = 20, work: Path | None = None, see
     torch.set_num_threads(2)
     keep = work is not None  # a directory the caller named stays, for its stage metrics
     work = Path(work or tempfile.mkdtemp(prefix="rlpipe-wall-"))
-    results = [one_seed(work, seed, target, max_rounds) for seed in seeds]
+    results = [seed_result(work, seed, target, max_rounds) for seed in seeds]
     rows = []
     for r in results:
         for side, curve, hit in (("rlpipe (dvc repro)", r["ours"], r["ours_hit"]), ("TRL GRPOTrainer", r["theirs"], r["theirs_hit"])):

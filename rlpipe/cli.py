@@ -151,16 +151,29 @@ def main(argv: list[str] | None = None) -> int:
     prune.add_argument("--remote", help="a DVC remote to push the pruned checkpoints to first (`dvc remote list`)")
     prune.add_argument("--clear", action="store_true", help="forget what was pruned, so that `dvc repro` recomputes it")
     prune.set_defaults(run=_prune)
-    compare = sub.add_parser("compare", help="compare every preset on one round's cached batch")
+    compare = sub.add_parser("compare", help="compare every preset on one round's cached batch",
+                             description="Score every algorithm preset on one round's cached batch "
+                                         "(runs/rounds/<round>/batch.parquet): each preset's per-token "
+                                         "coefficient (its loss's gradient weight by autograd), how it weights "
+                                         "short against long and easy against hard responses. Writes a table and "
+                                         "plots to --out and logs them to MLflow.")
     compare.add_argument("--round", help="round name (default: the first round)")
-    compare.add_argument("--params", default="params.yaml")
+    compare.add_argument("--params", default="params.yaml",
+                         help="the params file whose round names and max_new_tokens apply (default params.yaml)")
     compare.add_argument("--out", help="output directory (default runs/compare/<round>)")
     compare.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     compare.set_defaults(run=_compare)
-    check = sub.add_parser("check-expectations", help="check the expected-value claims on an exact environment")
+    check = sub.add_parser("check-expectations", help="check the expected-value claims on an exact environment",
+                           description="Check each preset's expected-value claim (unbiased, scaled by (M-1)/M, by about "
+                                       "1/sigma, weighted by w(p)) on a tabular environment where the exact policy "
+                                       "gradient comes from enumeration: each preset's expected gradient, estimated "
+                                       "by Monte Carlo over --groups groups of --samples responses, against the "
+                                       "exact one (docs/algorithms.md, 'Expected-value properties'). Exits 1 if a "
+                                       "claim fails; writes a table and a plot to --out.")
     check.add_argument("--samples", type=int, default=4, help="M, samples per prompt (default 4)")
-    check.add_argument("--groups", type=int, default=20000, help="Monte-Carlo groups per prompt")
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--groups", type=int, default=20000,
+                       help="Monte-Carlo groups per prompt; more narrows the estimate's error bars (default 20000)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the Monte-Carlo draws (default 0)")
     check.add_argument("--out", default="runs/expectations", help="where the table and plot go (default runs/expectations)")
     check.set_defaults(run=_check_expectations)
     args = parser.parse_args(argv)

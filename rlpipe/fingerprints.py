@@ -2,9 +2,10 @@
 
 DVC's cost for a stage grows with what the stage declares: `dvc status` and a no-op `dvc repro` parse
 every lock file and read params.yaml once per stage with params. Declared directly, each of the 4 x N
-round stages lists about 30 library files and 7 params sections, so its lock entry is 150 lines and a
-200-round project's status parsed 140,000 lock lines and params.yaml 800 times (34 s; profile in
-BENCHMARKS.md, section f).
+round stages listed about 30 library files and 7 params sections, so a round's lock was 700 lines, and
+a 200-round project's `dvc status` parsed 140,000 lock lines and params.yaml 800 times: 34 s, 75% of it
+in YAML parsing (profile in BENCHMARKS.md, section f). With fingerprints a round's lock is about 100
+lines.
 
 So the round stages declare their params and code through one file per stage family instead:
 `runs/fingerprints/<stage>.json`, written by the `fingerprint` stage (root dvc.yaml), holds

@@ -62,7 +62,7 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "reward": ["reward", "data", "rollout", "algorithm.preset", "algorithm.estimator"],
     "advantage": ["seed", "algorithm", "model", "rollout", "update.micro_batch_tokens"],
     "update": ["seed", "algorithm", "model", "update", "rollout", "value.lr", "value.epochs", "value.clip_range"],
-    "evaluate": ["seed", "rounds", "eval", "model", "rollout", "reward", "data"],
+    "evaluate": ["seed", "rounds", "eval", "model", "rollout", "reward", "data", "algorithm.preset"],
 }
 
 

@@ -70,9 +70,18 @@ def test_bad_files_name_the_file_and_row(tmp_path):
     params = file_params(tmp_path / "train.jsonl", tmp_path / "test.jsonl", answer_format="gsm8k")
     with pytest.raises(artifacts.ArtifactError, match=r"train\.jsonl: line 2 is not JSON"):
         prepare(params.data, 0, tmp_path / "o/train.parquet", tmp_path / "o/test.parquet")
-    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "q", "answer": "no hashes"}) + "\n")
-    with pytest.raises(artifacts.ArtifactError, match=r"row 0, field 'answer': no '####' line"):
+    # lines count from 1, blank lines included, as an editor shows them: the bad record is on line 4
+    good = json.dumps({"question": "q", "answer": "#### 1"})
+    (tmp_path / "train.jsonl").write_text(f"{good}\n\n{good}\n" + json.dumps({"question": "q", "answer": "no hashes"}) + "\n")
+    with pytest.raises(artifacts.ArtifactError, match=r"train\.jsonl: line 4, field 'answer': no '####' line"):
         prepare(params.data, 0, tmp_path / "o/train.parquet", tmp_path / "o/test.parquet")
+    (tmp_path / "train.jsonl").write_text(good + "\n")
+    with pytest.raises(artifacts.ArtifactError, match=r"test\.jsonl: line 1 has no field 'question'"):
+        prepare(params.data, 0, tmp_path / "o/train.parquet", tmp_path / "o/test.parquet")
+    pq.write_table(pa.table({"question": ["a", "b"], "answer": ["#### 1", "none"]}), tmp_path / "train.parquet")
+    from_parquet = file_params(tmp_path / "train.parquet", tmp_path / "test.jsonl", answer_format="gsm8k")
+    with pytest.raises(artifacts.ArtifactError, match=r"train\.parquet: row 2, field 'answer'"):
+        prepare(from_parquet.data, 0, tmp_path / "o/train.parquet", tmp_path / "o/test.parquet")
     missing = file_params(tmp_path / "nope.jsonl", tmp_path / "test.jsonl")
     with pytest.raises(artifacts.ArtifactError, match="nope.jsonl: data file not found"):
         prepare(missing.data, 0, tmp_path / "o/train.parquet", tmp_path / "o/test.parquet")

@@ -59,6 +59,10 @@ def test_mlflow_has_one_parent_with_a_child_per_stage(mini_run):
     assert "pass_at_1" in parents[0].data.metrics  # MLflow names cannot hold "@"
     history = client.get_metric_history(parents[0].info.run_id, "reward/accuracy")
     assert sorted(m.step for m in history) == [1, 2]
+    # the held-out curve, one point a round, on the parent (what MLflow's Compare overlays across runs)
+    curve = json.loads((root / "runs/metrics/rounds.json").read_text())
+    history = client.get_metric_history(parents[0].info.run_id, "curve/pass_at_1")
+    assert sorted((m.step, m.value) for m in history) == [(row["round"], row["pass@1"]) for row in curve]
 
 
 def test_second_repro_runs_nothing(mini_run):
@@ -76,3 +80,19 @@ def test_advantage_knob_reuses_rollouts(mini_run):
     assert {"update@r1", "rollout@r2", "evaluate"} <= set(ran)
     params = yaml.safe_load((root / "params.yaml").read_text())
     assert params["algorithm"]["std_ddof"] is None  # --temp leaves the workspace params alone
+
+
+def test_dvc_plots_render_every_declared_plot_with_data(mini_run):
+    """`dvc plots show` renders each plot dvc.yaml declares: no error, and a Vega spec holding every round
+    (rounds.json rows share their keys; DVC's renderer drops a file whose rows differ)."""
+    root, _ = mini_run
+    shown = json.loads(dvc(root, "plots", "show", "--json"))
+    assert not shown.get("errors"), shown.get("errors")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    declared = [next(iter(p)) for stage in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].values()
+                for p in stage.get("plots", [])]
+    assert declared and sorted(shown["data"]) == sorted(declared)
+    for name in declared:
+        values = shown["data"][name][0]["content"]["data"]["values"]
+        assert [v["round"] for v in values] == list(range(params["rounds"] + 1))
+        assert all(0 <= v["pass@1"] <= 1 and v["pass@1_stderr"] >= 0 for v in values)

@@ -43,17 +43,19 @@ def resolve_path(path: str) -> Path:
     return Path(os.environ.get("DVC_ROOT") or ".") / candidate
 
 
-def read_records(path: Path) -> list[dict]:
-    """Rows of a .jsonl or .parquet file as dicts; errors name the file and the line."""
+def read_records(path: Path) -> list[tuple[str, dict]]:
+    """Rows of a .jsonl or .parquet file as (where, dict): `line N` of a .jsonl (blank lines counted, as
+    an editor counts them), `row N` of a .parquet, both from 1, so that every error names what a user
+    finds in the file."""
     if not path.is_file():
         raise artifacts.ArtifactError(f"{path}: data file not found")
     if path.suffix == ".parquet":
-        return artifacts.read_parquet_rows(path)
+        return [(f"row {number}", row) for number, row in enumerate(artifacts.read_parquet_rows(path), start=1)]
     records = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                records.append((f"line {number}", json.loads(line)))
             except json.JSONDecodeError as err:
                 raise artifacts.ArtifactError(f"{path}: line {number} is not JSON ({err})") from None
     return records
@@ -66,18 +68,19 @@ def gsm8k_answer(solution: str) -> str:
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def records_to_examples(records: list[dict], cfg: DataConfig, source: str) -> list[Example]:
+def records_to_examples(records: list[tuple[str, dict]], cfg: DataConfig, source: str) -> list[Example]:
+    """Examples from (where, record) pairs; `where` (`line 5`, `row 3`, from 1) goes into every error."""
     examples = []
-    for row, record in enumerate(records):
+    for where, record in records:
         for field in (cfg.question_field, cfg.answer_field):
             if field not in record:
-                raise artifacts.ArtifactError(f"{source}: row {row} has no field {field!r} "
+                raise artifacts.ArtifactError(f"{source}: {where} has no field {field!r} "
                                               f"(data.question_field / data.answer_field; it has {sorted(record)})")
         reference = str(record[cfg.answer_field])
         try:
             answer = gsm8k_answer(reference) if cfg.answer_format == "gsm8k" else reference.strip()
         except ValueError as err:
-            raise artifacts.ArtifactError(f"{source}: row {row}, field {cfg.answer_field!r}: {err}") from None
+            raise artifacts.ArtifactError(f"{source}: {where}, field {cfg.answer_field!r}: {err}") from None
         prompt = cfg.prompt_template.replace("{question}", str(record[cfg.question_field]))
         examples.append(Example(prompt=prompt, answer=answer, meta=reference))
     return examples
@@ -91,7 +94,8 @@ def external_splits(cfg: DataConfig) -> tuple[list[Example], list[Example]]:
     else:
         from datasets import load_dataset  # the `hub` extra; needs network access to the hub
 
-        splits = [list(load_dataset(cfg.hf_dataset, cfg.hf_config, split=name))
+        splits = [[(f"row {number}", row) for number, row in
+                   enumerate(load_dataset(cfg.hf_dataset, cfg.hf_config, split=name), start=1)]
                   for name in (cfg.train_split, cfg.test_split)]
         sources = [f"{cfg.hf_dataset}[{name}]" for name in (cfg.train_split, cfg.test_split)]
     limits = (cfg.max_train, cfg.max_test)

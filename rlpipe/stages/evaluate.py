@@ -9,8 +9,9 @@ Generation goes through the configured rollout backend, as in the rollout stage.
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections import Counter
-from math import comb
 from pathlib import Path
 
 from rlpipe import paths
@@ -37,7 +38,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k (Chen et al. 2021): 1 - C(n - c, k) / C(n, k), for c correct of n samples."""
     if n - c < k:
         return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 class Evaluator:
@@ -80,6 +81,25 @@ class Evaluator:
         return out
 
 
+def with_stderr(curve: list[dict], test_prompts: int) -> list[dict]:
+    """Each point with `pass@1_stderr`, the binomial standard error of its greedy pass@1 over the test
+    prompts (about 0.02 at 0.5 on 500 prompts): what two runs' pass@1 must differ by to mean anything."""
+    return [{**point, "pass@1_stderr": math.sqrt(point["pass@1"] * (1 - point["pass@1"]) / test_prompts)}
+            for point in curve]
+
+
+def curve_rows(curve: list[dict]) -> list[dict]:
+    """The rows of rounds.json, the curve `dvc plots` draws: every row with the same keys (DVC's renderer
+    drops a file whose rows differ, and r0 has no training summary). The training summaries stay in
+    eval.json's `curve`."""
+    return [{key: point[key] for key in ("round", "pass@1", "pass@1_stderr")} for point in curve]
+
+
+def run_label(params: Params) -> str:
+    """What names the run in its pictures: the DVC experiment (or the workspace) and the preset."""
+    return f"{os.environ.get('DVC_EXP_NAME') or 'workspace'}: preset {params.algorithm.preset}, {params.rounds} rounds"
+
+
 def evaluate_policies(params: Params, test_path: Path, out_path: Path = paths.EVAL,
                       curve_path: Path = paths.ROUND_CURVE, plots_dir: Path = paths.PLOTS, tracker=None,
                       models=None) -> dict:
@@ -107,10 +127,16 @@ def evaluate_policies(params: Params, test_path: Path, out_path: Path = paths.EV
                "pass@k": final[k_name], "pass@k_init": init[k_name], "k": k_max,
                "pass@1_gain": final["pass@1"] - init["pass@1"], "test_prompts": len(evaluator.prompts["prompt"])}
     atomic_write_text(out_path, json.dumps({**metrics, "curve": curve}, indent=2) + "\n")
-    atomic_write_text(curve_path, json.dumps(curve, indent=2) + "\n")
+    curve = with_stderr(curve, metrics["test_prompts"])
+    rows = curve_rows(curve)
+    atomic_write_text(curve_path, json.dumps(rows, indent=2) + "\n")
+    if tracker is not None:  # the held-out curve on the parent run, one step a round: MLflow's Compare overlays it
+        for row in rows:
+            tracker.log_metrics({f"curve/{k}": v for k, v in row.items() if k != "round"}, step=row["round"],
+                                to_parent=True)
     from rlpipe.plots import plot_rounds
 
-    for picture in plot_rounds(curve, plots_dir):
+    for picture in plot_rounds(curve, plots_dir, run_label(params)):
         if tracker is not None:
             tracker.log_artifact(picture, "plots", to_parent=True)
     return metrics
