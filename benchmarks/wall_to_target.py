@@ -228,8 +228,6 @@ def run(target: float = 0.6, max_rounds: int = 20, work: Path | None = None, see
         import trl  # noqa: F401
     except ImportError:
         return "## (e) wall seconds to the pass@1 target against TRL\n\ntrl is not installed: `pip install -e '.[bench]'`\n"
-    import statistics
-
     import torch
 
     torch.set_num_threads(2)
@@ -245,17 +243,26 @@ def run(target: float = 0.6, max_rounds: int = 20, work: Path | None = None, see
                  ["seed", "start", "side", "rounds to target", "seconds to target", "pass@1 per round", "seconds per round"],
                  rows)
     ratios = [r["ours_hit"][1] / r["theirs_hit"][1] for r in results if r["ours_hit"] and r["theirs_hit"]]
-    if len(ratios) == len(results):
-        ours_median = statistics.median(r["ours_hit"][1] for r in results)
-        theirs_median = statistics.median(r["theirs_hit"][1] for r in results)
+    ours_median, theirs_median = (censored_median([r[hit] for r in results]) for hit in ("ours_hit", "theirs_hit"))
+    if ours_median is not None and theirs_median is not None:
         text += (f"\nmedian seconds to target: rlpipe {ours_median:.0f}, TRL {theirs_median:.0f}: ratio of medians "
-                 f"{ours_median / theirs_median:.2f}x (target <= 0.5x); per seed " +
+                 f"{ours_median / theirs_median:.2f}x (target <= 0.5x); per seed where both reached it " +
                  ", ".join(f"{x:.2f}x" for x in ratios) + "\n")
     else:
-        text += f"\nnot every side reached {target} within {max_rounds} rounds for every seed: no median ratio\n"
+        text += f"\nmore than half the seeds did not reach {target} within {max_rounds} rounds on one side: no median\n"
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     return text
+
+
+def censored_median(hits: list[tuple[int, float] | None]) -> float | None:
+    """The median seconds to target, where a seed that never reached it counts as slower than any seed that
+    did (its time is only known to exceed the run's length): None when the middle value is one of those."""
+    import math
+    import statistics
+
+    middle = statistics.median(hit[1] if hit else math.inf for hit in hits)
+    return middle if math.isfinite(middle) else None
 
 
 def _reached(hit: tuple[int, float] | None) -> list:
