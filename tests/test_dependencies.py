@@ -231,6 +231,17 @@ def test_the_stage_client_and_config_import_no_torch():
     assert done.stdout.strip() == "[]"
 
 
+def test_the_thin_stage_client_imports_no_pydantic():
+    """A stage process that hands its stage to a running worker imports what `rlpipe.runner` and the worker
+    client import at module level: that must stay free of pydantic and YAML (0.2 s a stage); the worker
+    validates params.yaml."""
+    code = "import sys, rlpipe.runner, rlpipe.worker.client\n" \
+           "print(sorted(m for m in ('pydantic', 'yaml', 'rlpipe.config', 'torch') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "RLPIPE_PROGRESS": "0"})
+    assert done.stdout.strip() == "[]"
+
+
 def test_no_import_cycles_at_module_level():
     """Module-level imports between rlpipe modules form no cycle (lazy imports inside functions may)."""
     graph: dict[str, set[str]] = {}

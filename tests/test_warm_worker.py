@@ -142,6 +142,24 @@ def test_bad_params_fail_before_any_worker_starts(tmp_path):
     assert not (root / WORKER_LOG).exists()  # rejected by the stage process, before it called a worker
 
 
+def test_a_running_worker_rejects_bad_params_before_it_loads_anything(project_copy):
+    """Once a worker runs, a stage process leaves validation to it (the thin client imports no pydantic):
+    a bad key still fails the stage with the key named, and the models the worker holds stay held."""
+    root, env = project_copy, worker_env(f"badkey-{os.getpid()}")
+    assert by_hand(root, "rollout", "r2", env)["stage/worker_loads"] == 1
+    good = (root / "params.yaml").read_text()
+    (root / "params.yaml").write_text(good.replace("  temperature: 1.0\n", "  temprature: 1.0\n", 1))
+    done = subprocess.run([sys.executable, "stages/rollout.py", "r2"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1
+    assert "rollout@r2: " in done.stderr and "rollout.temprature: unknown key" in done.stderr
+    assert "Traceback" not in done.stderr
+    (root / "params.yaml").write_text(good)
+    again = by_hand(root, "rollout", "r2", env)
+    assert again["stage/worker_loads"] == 0 and again["stage/worker_reused"] == 1
+    assert len(worker_pids(root)) == 1  # the same worker served all three
+
+
 @pytest.mark.slow
 def test_killed_worker_fails_the_stage_clearly_and_repro_completes(mini_run, tmp_path):
     """SIGKILL the worker in the middle of init (its SFT warm start takes seconds): the stage fails with

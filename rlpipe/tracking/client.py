@@ -27,10 +27,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpipe import local_service
-from rlpipe.config import Params
+
+if TYPE_CHECKING:  # the thin stage client imports this module and must stay free of pydantic
+    from rlpipe.config import Params
 
 ACK_TIMEOUT_S = 120
 CONNECT_TIMEOUT_S = 30

@@ -33,16 +33,26 @@ def worker_socket(execution: str, project: Path) -> Path:
     return local_service.socket_path("worker", str(os.getuid()), execution, str(project))
 
 
+def connect_running(project: Path) -> socket.socket | None:
+    """A connection to this execution's worker if one is serving; None otherwise, or for a stage run by hand."""
+    execution = execution_id()
+    if execution.startswith("stage:"):
+        return None
+    try:
+        return local_service.connect(worker_socket(execution, project))
+    except OSError:
+        return None
+
+
 def connect(project: Path) -> socket.socket | None:
     """A connection to this execution's worker, started if need be; None for a stage run by hand."""
     execution = execution_id()
     if execution.startswith("stage:"):
         return None
     path = worker_socket(execution, project)
-    try:
-        return local_service.connect(path)
-    except OSError:
-        pass
+    running = connect_running(project)
+    if running is not None:
+        return running
     log = service_log(project, "rlpipe-worker.log")
     process = spawn("rlpipe.worker.server", [str(path), str(owner_pid(execution) or "-"), str(project)], log)
     try:
@@ -53,7 +63,9 @@ def connect(project: Path) -> socket.socket | None:
 
 def run_in_worker(conn: socket.socket, stage: str, round_name: str | None, project: Path) -> dict:
     """Send the stage to the worker with this process's stdout and stderr; wait for its answer."""
-    env = dict(os.environ)
+    # The worker's own ancestry leads nowhere (it outlives the stage that started it): it learns which
+    # execution the stage belongs to from the stage, for tracking and the fingerprint check.
+    env = {**os.environ, "RLPIPE_EXECUTION_ID": execution_id()}
     if "RLPIPE_PROGRESS" not in env and sys.stderr.isatty():  # the worker's stderr is a pipe, not this terminal
         env["RLPIPE_PROGRESS"] = "1"
     request = {"stage": stage, "round": round_name, "cwd": str(project), "env": env}

@@ -6,9 +6,10 @@ It imports torch and transformers once, then serves one stage at a time on its U
    stderr (SCM_RIGHTS): what the stage prints (progress bars, warnings) is forwarded there
    (`rlpipe.worker.output`), so that it appears in the stage's own output;
 2. the worker checks the peer is its own user and the directory is its project, takes the client's
-   environment and directory, validates params.yaml, and runs the stage's function (`execute`) with its
-   `ModelStore`, which persists across the execution's stages;
-3. it answers one JSON line: the stage's metrics and what it logged for MLflow, or its error.
+   environment and directory, validates params.yaml and checks the stage (`rlpipe.runner.checked_params`),
+   and runs the stage's function (`execute`) with its `ModelStore`, which persists across the execution's
+   stages, and its MLflow run (`tracked`);
+3. it answers one JSON line: the stage's metrics, or its error.
 
 Failure rules:
 - the client goes away before the answer (its process was killed): the worker exits at once. The
@@ -91,25 +92,33 @@ def exit_if_client_leaves(conn: socket.socket, finished: threading.Event) -> thr
 
 
 def run_request(request: dict, store) -> dict:
-    """Run one stage as the request asks; the answer to send back."""
-    from rlpipe.config import load_params
+    """Run one stage as the request asks, checked and tracked as a stage process would (`rlpipe.runner`);
+    the answer to send back. Nothing loads before params.yaml and the stage's inputs pass their checks."""
     from rlpipe.errors import PipelineError
-    from rlpipe.runner import execute
-    from rlpipe.tracking.client import TrackingBuffer
+    from rlpipe.runner import checked_params, execute, tracked
 
     stage, round_name = request["stage"], request.get("round")
-    tracking = TrackingBuffer(round_name)
     loads, reused = store.loads, store.reused
+
+    def work(tracker) -> dict:
+        metrics = execute(stage, params, round_name, tracker, models=store)
+        return {**metrics, "stage/worker_loads": store.loads - loads, "stage/worker_reused": store.reused - reused}
+
     try:
-        metrics = execute(stage, load_params(), round_name, tracking, models=store)
+        params = checked_params(stage, round_name)
+    except PipelineError as err:  # nothing ran: the models held stay as valid as they were
+        return {"ok": False, "error": str(err), "kind": "pipeline"}
+    if not params.runtime.warm_worker:  # params.yaml changed under a running execution
+        return {"ok": False, "kind": "cold", "error": "runtime.warm_worker is false"}
+    try:
+        metrics = tracked(stage, params, round_name, work)
     except PipelineError as err:
         store.forget_all()
         return {"ok": False, "error": str(err), "kind": "pipeline"}
     except BaseException:  # noqa: BLE001 (any failure goes back to the stage, which exits 1 with it)
         store.forget_all()
         return {"ok": False, "error": traceback.format_exc(), "kind": "crash"}
-    metrics.update({"stage/worker_loads": store.loads - loads, "stage/worker_reused": store.reused - reused})
-    return {"ok": True, "metrics": metrics, "tracking": tracking.messages}
+    return {"ok": True, "metrics": metrics}
 
 
 def serve(conn: socket.socket, project: Path, store, router: OutputRouter) -> None:
