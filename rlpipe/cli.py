@@ -128,6 +128,24 @@ def _prune(args) -> int:
     return 0
 
 
+def _runs(args) -> int:
+    from rlpipe.errors import PipelineError
+    from rlpipe.runs import main as runs
+
+    try:
+        print(runs(Path.cwd(), args.all_branches, not args.no_mlflow, args.wide, args.json), end="")
+    except PipelineError as err:
+        print(f"rlpipe runs: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plots_page(args) -> int:
+    from rlpipe.plots_page import main as plots_page
+
+    return plots_page(Path.cwd(), args.check)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlpipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +169,24 @@ def main(argv: list[str] | None = None) -> int:
     prune.add_argument("--remote", help="a DVC remote to push the pruned checkpoints to first (`dvc remote list`)")
     prune.add_argument("--clear", action="store_true", help="forget what was pruned, so that `dvc repro` recomputes it")
     prune.set_defaults(run=_prune)
+    runs = sub.add_parser("runs", help="one readable row per experiment: preset, changed params, pass@1, wall time",
+                          description="One row per experiment (the workspace, its baseline commit and the commit's "
+                                      "DVC experiments): the preset, the params changed against the baseline, "
+                                      "held-out greedy pass@1 before and after with its standard error, pass@k, "
+                                      "the rounds, and the wall time of its MLflow parent run. The full tables: "
+                                      "`dvc exp show --csv`, runs/metrics/*.json.")
+    runs.add_argument("--all-branches", action="store_true", help="every branch's experiments, not only HEAD's")
+    runs.add_argument("--no-mlflow", action="store_true", help="do not read wall times from MLflow (faster)")
+    runs.add_argument("--wide", action="store_true", help="list every changed param in full")
+    runs.add_argument("--json", action="store_true", help="the rows as JSON, every field in full")
+    runs.set_defaults(run=_runs)
+    page = sub.add_parser("plots-page", help="write the offline page template for dvc plots (.dvc/plots_page.html)",
+                          description="Write .dvc/plots_page.html, the template `dvc plots show` and `dvc plots diff` use "
+                                      "(.dvc/config: plots.html_template): DVC's page with Vega, Vega-Lite and "
+                                      "vega-embed inlined, so that it works offline. Needs npm and its registry; "
+                                      "each tarball is checked against its pinned integrity.")
+    page.add_argument("--check", action="store_true", help="write nothing; exit 1 if the template is not what the pins give")
+    page.set_defaults(run=_plots_page)
     compare = sub.add_parser("compare", help="compare every preset on one round's cached batch",
                              description="Score every algorithm preset on one round's cached batch "
                                          "(runs/rounds/<round>/batch.parquet): each preset's per-token "

@@ -102,7 +102,9 @@ def once_stage(name: str) -> dict[str, Any]:
     if name == "evaluate":
         entry["outs"] = [{paths.PLOTS.as_posix(): {"cache": False}}]
         entry["metrics"] = [_metrics_out(paths.EVAL)]
-        entry["plots"] = [{paths.ROUND_CURVE.as_posix(): {"cache": False, "x": "round", "y": "pass@1"}}]
+        entry["plots"] = [{paths.ROUND_CURVE.as_posix(): {
+            "cache": False, "x": "round", "y": "pass@1", "title": "Held-out greedy pass@1 per round",
+            "x_label": "round (0 = the initial policy)", "y_label": "greedy pass@1 on the test split"}}]
     return entry
 
 

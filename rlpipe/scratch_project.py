@@ -13,7 +13,7 @@ from rlpipe.config import load_params
 from rlpipe.pipeline import write_pipeline
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-PIPELINE_FILES = ("stages", "rlpipe", ".dvc/config", ".dvcignore", ".gitignore")
+PIPELINE_FILES = ("stages", "rlpipe", ".dvc/config", ".dvc/plots_page.html", ".dvcignore", ".gitignore")
 
 
 def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Path:

@@ -1,12 +1,13 @@
-"""Render MLflow's compare page of two pipeline runs headless to a PNG (not a test: needs Chromium).
+"""Render MLflow's compare view of two pipeline runs' held-out curves headless to a PNG (needs Chromium).
 
     python scripts/mlflow_compare_screenshot.py                       # the two newest parent runs
     python scripts/mlflow_compare_screenshot.py --runs sweep-grpo sweep-rloo --out compare.png
 
 Starts `mlflow server` on 127.0.0.1 over the same sqlite store the pipeline writes (mlflow.db at the repo
-root unless --store), opens the compare page of the two parent runs (found by their DVC experiment
-name, or the newest two) in headless Chromium (Debian's `chromium`), saves the screenshot, and stops the
-server by its process group.
+root unless --store), opens the page that overlays one metric of the two parent runs (found by their DVC
+experiment name, or the newest two; the metric is the held-out curve `curve/pass_at_1` unless --metric)
+in headless Chromium (Debian's `chromium`), saves the screenshot, and stops the server by its process
+group. tests/test_experiments.py checks the same page draws one line per run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from rlpipe.tracking.ui import HELD_OUT_CURVE, metric_page
 
 
 def free_port() -> int:
@@ -77,7 +80,8 @@ def main() -> int:
     parser.add_argument("--experiment", default="rlpipe", help="MLflow experiment (params: tracking.experiment)")
     parser.add_argument("--runs", nargs=2, metavar="NAME", help="the two parent runs, by DVC experiment name")
     parser.add_argument("--out", default="runs/plots/mlflow_compare.png")
-    parser.add_argument("--size", default="1600,1400", help="window width,height")
+    parser.add_argument("--metric", default=HELD_OUT_CURVE, help=f"the metric to overlay (default {HELD_OUT_CURVE})")
+    parser.add_argument("--size", default="1280,800", help="window width,height")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -95,8 +99,7 @@ def main() -> int:
     try:
         wait_until_up(url, server)
         exp_id, run_ids = pick_runs(url, args.experiment, args.runs)
-        page = (f"{url}/#/compare-runs?runs={urllib.parse.quote(json.dumps(run_ids))}"
-                f"&experiments={urllib.parse.quote(json.dumps([exp_id]))}")
+        page = metric_page(url, exp_id, run_ids, args.metric)
         out = Path(args.out).resolve()
         out.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",

@@ -12,11 +12,19 @@ import socket
 import subprocess
 import sys
 import time
+import re
+import shutil
 import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
 
+from rlpipe.tracking.ui import metric_page
 from scratch import dvc, make_project, tracked_stages
+
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +102,60 @@ def test_rest_api_shows_two_parents_with_a_child_per_stage(two_experiments, mlfl
         params = {p["key"]: p["value"] for p in parent["data"].get("params", [])}
         assert params["algorithm.preset"] == preset
         assert tags(parent)["rlpipe.preset"] == preset
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt install chromium) to open the MLflow UI")
+def test_mlflow_overlays_the_two_experiments_held_out_curves(two_experiments, mlflow_server, tmp_path):
+    """The two parents' `curve/pass_at_1` (held-out pass@1 per round) in MLflow's compare view, as a browser
+    draws it: one line per experiment, each with a point per round. RLPIPE_SCREENSHOT_DIR keeps the picture
+    (the README's is made so)."""
+    with urllib.request.urlopen(f"{mlflow_server}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlpipe-test",
+                                timeout=30) as response:
+        experiment_id = json.loads(response.read())["experiment"]["experiment_id"]
+    runs = post(f"{mlflow_server}/api/2.0/mlflow/runs/search", {
+        "experiment_ids": [experiment_id], "filter": "tags.`rlpipe.stage` = 'pipeline'", "max_results": 10})["runs"]
+    names = {r["info"]["run_id"]: r["info"]["run_name"] for r in runs}
+    assert sorted(names.values()) == ["mini-grpo", "mini-rloo"]
+    url = metric_page(mlflow_server, experiment_id, sorted(names), "curve/pass_at_1")
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+               "--virtual-time-budget=30000", "--window-size=1280,800"]
+    dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
+    for name in names.values():
+        assert f"{name} (curve/pass_at_1)" in dom  # the legend
+    lines = set(re.findall(r'<path class="js-line" d="(M[^"]+)"', dom))
+    rounds = yaml.safe_load((two_experiments[0] / "params.yaml").read_text())["rounds"]
+    assert len(lines) == 2 and all(line.count("L") == rounds for line in lines), lines  # rounds 0..N
+    picture = Path(os.environ.get("RLPIPE_SCREENSHOT_DIR") or tmp_path) / "mlflow_compare.png"
+    subprocess.run([*browser, f"--screenshot={picture}", url], capture_output=True, timeout=180, check=True)
+    assert picture.stat().st_size > 20_000  # a drawn page, not a blank one
+
+
+def test_rlpipe_runs_gives_one_readable_row_per_experiment(two_experiments):
+    """The curated view: preset, changed params, pass@1 before and after (the same figures as eval.json in
+    each experiment), and the wall time of its MLflow parent run."""
+    from rlpipe.runs import main as runs
+
+    root, _ = two_experiments
+    rows = {row["name"]: row for row in json.loads(runs(root, all_branches=False, mlflow=True, wide=False, as_json=True))}
+    assert {"mini-grpo", "mini-rloo", "workspace"} <= set(rows)
+    shown = {row["Experiment"]: row for row in csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv")))
+             if row.get("Experiment")}
+    for name in ("mini-grpo", "mini-rloo"):
+        row = rows[name]
+        assert row["params"]["algorithm.preset"] == name.removeprefix("mini-")
+        final = next(v for k, v in shown[name].items() if k.split(":")[-1] == "pass@1")
+        assert row["metrics"]["pass@1"] == pytest.approx(float(final))
+        assert 0 <= row["metrics"]["pass@1_init"] <= 1
+        assert 1 < row["wall_seconds"] < 3600
+    baseline_preset = rows["workspace"]["params"]["algorithm.preset"]
+    for name in ("mini-grpo", "mini-rloo"):
+        preset = name.removeprefix("mini-")
+        assert rows[name]["changed"] == ({} if preset == baseline_preset else {"algorithm.preset": preset})
+    table = runs(root, all_branches=False, mlflow=True, wide=False, as_json=False)
+    lines = table.splitlines()
+    assert lines[0].startswith("| experiment | base | preset | changed params")
+    assert any(line.startswith("| mini-rloo |") and "| rloo |" in line for line in lines)
+    assert all(len(line) < 200 for line in lines)  # readable in a terminal, unlike exp show's 512 columns
 
 
 def test_dvc_exp_show_lists_both_with_pass_at_1(two_experiments):

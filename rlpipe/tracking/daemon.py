@@ -72,7 +72,9 @@ class Store:
         else:
             tags = {**start["tags"], "rlpipe.execution": key, "rlpipe.stage": "pipeline"}
             tags.pop("rlpipe.round", None)
-            run_id = self.client.create_run(exp_id, run_name=start["parent_name"], tags=tags).info.run_id
+            # it starts when the execution's first stage started, so that its duration is the run's wall time
+            run_id = self.client.create_run(exp_id, run_name=start["parent_name"], start_time=start.get("started_ms"),
+                                            tags=tags).info.run_id
             self.log_params(run_id, start["params"])
         self.parents[key] = run_id
         return run_id
