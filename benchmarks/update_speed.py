@@ -46,7 +46,7 @@ def ours(model, tokenizer, rows, responses, advantages, old, bf16: bool = False,
     model.set_attn_implementation(update_attention(params.update, "cpu", longest))  # as update_policy does
     columns = artifacts.Columns({
         "group": [i // M for i in range(len(rows))], "prompt_ids": rows, "response_ids": responses,
-        "old_logprobs": old, "ref_logprobs": old, "advantages": [[a] * len(r) for a, r in zip(advantages, responses)],
+        "old_logprobs": old, "behaviour_logprobs": old, "ref_logprobs": old, "advantages": [[a] * len(r) for a, r in zip(advantages, responses)],
         "correct": [a > 0 for a in advantages], "finish_reason": ["stop"] * len(rows),
     })
     mb = Minibatch.of(columns, list(range(len(rows))))

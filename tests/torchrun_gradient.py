@@ -30,6 +30,7 @@ def minibatch_columns(groups: int = 6, samples: int = 3, seed: int = 0):
             cols["finish_reason"].append("stop" if rng.random() < 0.7 else "length")
             cols["returns"].append([rng.uniform(0, 1) for _ in range(n)])
             cols["values"].append([rng.uniform(0, 1) for _ in range(n)])
+    cols["behaviour_logprobs"] = cols["old_logprobs"]  # the HF engine's: the trainer's pi_old, no drift
     return artifacts.Columns(cols)
 
 

@@ -6,7 +6,8 @@ come from their registries.
 
 - `compute_round_advantages` (advantage stage): in-reward KL, adaptive lambda, estimator, whitening.
 - `minibatch_loss_setup` + `policy_loss` (update stage): weights from whole-minibatch counts, then
-  the loss of each micro-batch.
+  the loss of each micro-batch (with the rollout correction's weights when it is on);
+  `round_rollout_weights`: their distribution over the round.
 - `token_coefficient` (diagnostics, tests): the per-token coefficient of grad log pi, by autograd
   through `policy_loss` itself.
 - `zero_variance_groups`, `dynamic_sampling_keep` (dynamic sampling).
@@ -26,6 +27,7 @@ from rlpipe.algorithms.advantages import (AdvantageBatch, AdvantageParams, Advan
                                           compute_advantages, masked)
 from rlpipe.algorithms.kl import KL_ESTIMATORS
 from rlpipe.algorithms.objective import PolicyLossCoefs, policy_objective
+from rlpipe.algorithms.rollout_correction import CorrectionParams, rollout_weights, weight_summary
 
 if TYPE_CHECKING:  # the math reads a resolved algorithm's fields; it imports no config
     from rlpipe.config import ResolvedAlgorithm
@@ -114,18 +116,39 @@ def loss_coefs(spec: ResolvedAlgorithm) -> PolicyLossCoefs:
     )
 
 
+def correction_params(spec: ResolvedAlgorithm) -> CorrectionParams:
+    return CorrectionParams(mode=spec.rollout_correction, level=spec.rollout_correction_level,
+                            sequence_ratio=spec.rollout_correction_sequence_ratio, cap=spec.rollout_correction_cap,
+                            lower=spec.rollout_correction_lower, upper=spec.rollout_correction_upper)
+
+
+def round_rollout_weights(spec: ResolvedAlgorithm, *, old_logp, rollout_logp, response_mask) -> dict[str, float]:
+    """The distribution of the rollout correction's weights over a round's kept tokens (empty when it is off)."""
+    if spec.rollout_correction == "none":
+        return {}
+    weights, affected = rollout_weights(old_logp, rollout_logp, response_mask, correction_params(spec))
+    return weight_summary(weights, affected, response_mask)
+
+
 def policy_loss(spec: ResolvedAlgorithm, *, logp, old_logp, advantages, setup: LossSetup, ref_logp=None,
-                entropy=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                entropy=None, rollout_logp=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(scalar loss, additive metrics) of one micro-batch; `setup` is that micro-batch's slice.
 
     logp (b, T) with grad; old_logp, advantages, optional ref_logp (needed when the KL is in the loss;
-    otherwise only logged as kl_ref) and entropy (b, T) (needed when entropy_coef > 0)."""
+    otherwise only logged as kl_ref), entropy (b, T) (needed when entropy_coef > 0) and rollout_logp
+    (b, T), the rollout engine's logprobs (needed when the rollout correction is on)."""
     if spec.kl_placement == "loss" and spec.kl_beta > 0 and ref_logp is None:
         raise ValueError("the KL in the loss (kl_placement 'loss', kl_beta > 0) needs ref_logp")
     if spec.entropy_coef > 0 and entropy is None:
         raise ValueError("the entropy bonus (entropy_coef > 0) needs the per-token entropy")
+    correction = None
+    if spec.rollout_correction != "none":
+        if rollout_logp is None:
+            raise ValueError(f"the rollout correction {spec.rollout_correction!r} needs the rollout engine's logprobs")
+        correction = rollout_weights(old_logp, rollout_logp, setup.mask, correction_params(spec))[0]
     return policy_objective(logp, old_logp, advantages, setup.mask.bool(), setup.weights, setup.token_weights,
-                            loss_coefs(spec), ref_logp=ref_logp, entropy=entropy, nll_weights=setup.nll_weights)
+                            loss_coefs(spec), ref_logp=ref_logp, entropy=entropy, nll_weights=setup.nll_weights,
+                            rollout_weights=correction)
 
 
 # --- dynamic sampling ------------------------------------------------------------------------------

@@ -42,12 +42,14 @@ def _valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                      weights: torch.Tensor, token_weights: torch.Tensor, coefs: PolicyLossCoefs,
                      ref_logp: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
-                     nll_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                     nll_weights: torch.Tensor | None = None,
+                     rollout_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(scalar loss, metrics) of one micro-batch.
 
     All tensors (b, T): logp (with grad), old_logp, advantages, mask (bool: tokens in the loss),
     weights (aggregation weights), token_weights (mask / minibatch tokens, for token-mean metrics),
-    optional ref_logp, entropy, nll_weights. Metrics (0-dim, detached): pg_loss, clip_fraction,
+    optional ref_logp, entropy, nll_weights, and rollout_weights (no gradient: the rollout correction's
+    per-token weight of the surrogate, `rlpipe.algorithms.rollout_correction`). Metrics (0-dim, detached): pg_loss, clip_fraction,
     approx_kl (k3 of pi_old vs pi_theta: KL(pi_old || pi_theta)), and when given kl_ref (k3 to the
     reference, whatever estimator the loss uses), kl_loss, entropy, nll.
     """
@@ -56,6 +58,8 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     advantages = _valid(advantages.to(log_ratio.dtype), mask)
     surrogate, clipped = clipped_surrogate(log_ratio, torch.zeros_like(log_ratio), advantages, coefs.eps_low,
                                            coefs.eps_high, coefs.clip_ratio_c)
+    if rollout_weights is not None:
+        surrogate = _valid(rollout_weights.to(surrogate.dtype), mask) * surrogate
     pg_loss = (weights * surrogate).sum()
     loss = pg_loss
     with torch.no_grad():

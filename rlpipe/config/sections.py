@@ -232,6 +232,22 @@ class ResolvedAlgorithm(Section):
     """Add DAPO's soft overlong penalty (reward.overlong_cache_len) to the reward."""
     overlong_filtering: bool = False
     """Give truncated responses zero loss weight."""
+    rollout_correction: Literal["none", "tis", "mis"] = "none"
+    """Correct for the rollout engine's probabilities differing from the trainer's (docs/algorithms.md,
+    Rollout correction): each token's policy-gradient term is weighted by rho = pi_old / pi_rollout,
+    truncated at rollout_correction_cap (`tis`), or dropped where rho leaves [rollout_correction_lower,
+    rollout_correction_upper] (`mis`). `none`: off. Needs pi_old recomputed by the trainer
+    (rollout.recompute_old_logprobs), or rho is 1."""
+    rollout_correction_level: Literal["token", "sequence"] = "token"
+    """`token`: one ratio per token; `sequence`: one per response, on all its tokens."""
+    rollout_correction_sequence_ratio: Literal["geometric", "product"] = "geometric"
+    """Sequence level: the response's ratio is the geometric mean of its token ratios, or their product."""
+    rollout_correction_cap: float = Field(2.0, ge=1)
+    """`tis`: the largest weight, C in min(rho, C)."""
+    rollout_correction_lower: float = Field(0.5, ge=0, le=1)
+    """`mis`: ratios below this leave the loss."""
+    rollout_correction_upper: float = Field(2.0, ge=1)
+    """`mis`: ratios above this leave the loss."""
 
     @field_validator("clip_ratio_c")
     @classmethod

@@ -36,6 +36,7 @@ class Minibatch:
     response_mask: torch.Tensor  # (B, T) bool
     group_index: torch.Tensor  # (B,) dense within the minibatch
     old_logp: torch.Tensor  # (B, T)
+    rollout_logp: torch.Tensor  # (B, T): the rollout engine's (behaviour) logprobs
     ref_logp: torch.Tensor | None  # (B, T)
     advantages: torch.Tensor  # (B, T)
     correct: torch.Tensor  # (B,) bool
@@ -58,6 +59,7 @@ class Minibatch:
             response_mask=pad_ragged(response_ids, 0, torch.long, width=width)[1],
             group_index=torch.tensor([dense[g] for g in groups]),
             old_logp=padded("old_logprobs"),
+            rollout_logp=padded("behaviour_logprobs"),
             ref_logp=padded("ref_logprobs") if has_ref else None,
             advantages=padded("advantages"),
             correct=torch.tensor([columns["correct"][i] for i in rows]),
@@ -114,6 +116,7 @@ def train_step(model, optimizer, mb: Minibatch | None, params: Params, pad_id: i
             spec, logp=logp, old_logp=mb.old_logp[rows].to(world.device),
             advantages=mb.advantages[rows].to(world.device), setup=setup.rows(rows).to(world.device),
             ref_logp=None if mb.ref_logp is None else mb.ref_logp[rows].to(world.device), entropy=entropy,
+            rollout_logp=mb.rollout_logp[rows].to(world.device),
         )
         return loss, {**metrics, "loss": loss.item()}
 
@@ -169,7 +172,8 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
                          state["global_step"], tracker, world)
     seconds = time.perf_counter() - started
     global_step = steps[-1]["step"] if steps else state["global_step"]
-    summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows), **step_means(steps)}
+    summary = {**round_summary(columns), "optimizer_steps": len(steps), "skipped": int(not rows), **step_means(steps),
+               **rollout_correction_summary(params, columns, rows)}
     model = unwrap(model)
     model.set_attn_implementation(inference_attention)
     if world.is_main:
@@ -183,6 +187,20 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     # across runs of the same params and seed
     speed = {"train_tokens_per_s": sum(s["tokens"] for s in steps) / max(seconds, 1e-9)}
     return {**{f"update/{k}": v for k, v in {**summary, **speed}.items()}, "step_metrics": steps}
+
+
+def rollout_correction_summary(params: Params, columns: artifacts.Columns, rows: list[int]) -> dict[str, float]:
+    """The rollout correction's weights over the round's kept tokens (`rollout_correction_*`: the fraction
+    truncated or masked, mean, min, max, percentiles); nothing when it is off."""
+    from rlpipe.algorithms.build import round_rollout_weights
+
+    spec = params.algorithm.resolve()
+    if spec.rollout_correction == "none" or not rows:
+        return {}
+    batch = Minibatch.of(columns, rows)
+    stats = round_rollout_weights(spec, old_logp=batch.old_logp, rollout_logp=batch.rollout_logp,
+                                  response_mask=batch.response_mask)
+    return {f"rollout_correction_{k}": v for k, v in stats.items()}
 
 
 def train_policy(model, optimizer, pad_id: int, columns: artifacts.Columns, rows: list[int], params: Params,
