@@ -223,20 +223,16 @@ def test_import_directions(package, forbidden):
     assert not bad, sorted(bad)
 
 
-def test_the_stage_client_and_config_import_no_torch():
-    code = "import sys, rlpipe.runner, rlpipe.config, rlpipe.stages, rlpipe.worker.client, rlpipe.pipeline\n" \
-           "print(sorted(m for m in ('torch', 'transformers', 'pyarrow', 'mlflow') if m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={**os.environ, "RLPIPE_PROGRESS": "0"})
-    assert done.stdout.strip() == "[]"
-
-
-def test_the_thin_stage_client_imports_no_pydantic():
-    """A stage process that hands its stage to a running worker imports what `rlpipe.runner` and the worker
-    client import at module level: that must stay free of pydantic and YAML (0.2 s a stage); the worker
-    validates params.yaml."""
-    code = "import sys, rlpipe.runner, rlpipe.worker.client\n" \
-           "print(sorted(m for m in ('pydantic', 'yaml', 'rlpipe.config', 'torch') if m in sys.modules))"
+@pytest.mark.parametrize("modules, absent", [
+    # the stage client, the config and the pipeline generator: no torch, transformers, pyarrow or MLflow
+    (("rlpipe.runner", "rlpipe.config", "rlpipe.stages", "rlpipe.worker.client", "rlpipe.pipeline"),
+     ("torch", "transformers", "pyarrow", "mlflow")),
+    # the thin client (a stage handed to a running worker) imports only what `rlpipe.runner` and the worker
+    # client import at module level: no pydantic or YAML either (0.2 s a stage); the worker validates
+    (("rlpipe.runner", "rlpipe.worker.client"), ("pydantic", "yaml", "rlpipe.config", "torch")),
+])
+def test_light_entry_points_stay_light(modules, absent):
+    code = f"import sys, {', '.join(modules)}\nprint(sorted(m for m in {absent!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "RLPIPE_PROGRESS": "0"})
     assert done.stdout.strip() == "[]"

@@ -7,6 +7,7 @@ import csv
 import pytest
 import torch
 
+from rlpipe.config import PRESETS
 from rlpipe.diagnostics.expectations import (TabularEnv, asymptotic_grpo_r1_weight, check_expectations,
                                              exact_group_norm_weight)
 
@@ -29,6 +30,33 @@ def test_dr_grpo_is_scaled_by_m_minus_one_over_m(rows):
 
 def test_reinforce_pp_is_scaled_by_one_over_sigma(rows):
     assert rows["reinforce_pp"].holds and rows["reinforce_pp"].scale > 1.5
+
+
+def test_reinforce_pp_baseline_is_scaled_by_the_centred_std(rows):
+    row = rows["reinforce_pp_baseline"]
+    assert row.holds and row.cosine > 0.99
+    assert row.scale > 3 / 4  # the whitening scales up: sigma_c < 1 with binary rewards
+
+
+def test_reinforce_pp_baseline_advantages_by_hand():
+    """Two groups of 2 with binary rewards, one-token and two-token responses: A = r - group mean on every
+    token, then whitened over the batch's 6 tokens (population std, eps 1e-6)."""
+    from rlpipe.algorithms.build import compute_round_advantages
+    from rlpipe.config import AlgorithmConfig
+
+    spec = AlgorithmConfig(preset="reinforce_pp_baseline").resolve()
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    mask = torch.tensor([[True, True], [True, False], [True, True], [True, False]])
+    result = compute_round_advantages(spec, rewards=rewards, response_mask=mask, group_index=torch.tensor([0, 0, 1, 1]),
+                                      old_logp=torch.zeros(4, 2, dtype=torch.float64),
+                                      ref_logp=torch.zeros(4, 2, dtype=torch.float64))
+    # centred: group 0 -> +0.5 (2 tokens), -0.5 (1 token); group 1 -> 0 (3 tokens). Token mean 0.5/6,
+    # values [.5, .5, -.5, 0, 0, 0] minus 1/12, population std over 6 tokens
+    tokens = torch.tensor([0.5, 0.5, -0.5, 0.0, 0.0, 0.0], dtype=torch.float64)
+    whitened = (tokens - tokens.mean()) / (tokens.std(correction=0) + 1e-6)
+    expected = torch.tensor([[whitened[0], whitened[1]], [whitened[2], 0.0], [whitened[3], whitened[4]], [whitened[5], 0.0]],
+                            dtype=torch.float64)
+    assert torch.allclose(result.advantages.double(), expected, atol=1e-6)
 
 
 def test_grpo_r1_weights_prompts_by_the_exact_w(rows):
@@ -92,7 +120,7 @@ def test_compare_on_a_round(tmp_path, monkeypatch):
     with open(tmp_path / "report" / "compare.csv") as handle:
         table = list(csv.DictReader(handle))
     assert {"preset", "mean_abs_c", "sign_agreement", "variance", "length_corr"} <= set(table[0])
-    assert len(table) == 13
+    assert sorted(row["preset"] for row in table) == sorted(PRESETS)
     # round 1: reference = old policy, so the KL terms vanish at ratio 1 and grpo = grpo_r1 up to 1/T_b
     data = load_round(batch)
     coefs = coefficients(data, params.rollout.max_new_tokens)

@@ -279,7 +279,7 @@ def test_update_with_the_rollout_correction_on_vllm_rollouts(project, tmp_path, 
     trained = {}
     for mode in ("none", "tis"):
         work = tmp_path / mode
-        for part in ("runs/policy/r0", "runs/data", "runs/rounds/r1"):
+        for part in ("runs/policy/r0", "runs/critic/r0", "runs/data", "runs/rounds/r1"):  # what update@r1 reads
             shutil.copytree(root / part, work / part)
         raw = vllm_params()
         raw["algorithm"]["rollout_correction"] = mode

@@ -1,4 +1,4 @@
-"""The names of every pluggable component, and the 13 presets: pure data, no torch.
+"""The names of every pluggable component, and the 14 presets: pure data, no torch.
 
 The config validates `params.yaml` against these names before any model loads, and each registry
 (estimators, KL estimators, loss aggregations, rollout backends, verifiers) must hold exactly the
@@ -11,7 +11,7 @@ overridable in params.yaml. docs/algorithms.md gives each one's formula.
 from typing import Literal
 
 PresetName = Literal[
-    "reinforce", "reinforce_kl_trick", "reinforce_pp", "rloo", "remax", "ppo", "orz",
+    "reinforce", "reinforce_kl_trick", "reinforce_pp", "reinforce_pp_baseline", "rloo", "remax", "ppo", "orz",
     "grpo", "grpo_r1", "dapo", "dr_grpo", "vapo", "grpo_process",
 ]  # fmt: skip
 EstimatorName = Literal[
@@ -42,6 +42,16 @@ PRESETS: dict[str, dict[str, object]] = {
         "loss_agg": "seq-mean-token-sum",
     },
     "reinforce_pp": {"estimator": "reinforce_pp", **_KL_IN_REWARD, "loss_agg": "token-mean"},
+    # REINFORCE++-baseline (Hu 2025): the group mean subtracted, then whitened over the batch's tokens;
+    # the KL in the loss with k2, as OpenRLHF runs it (--use_kl_loss --kl_estimator k2).
+    "reinforce_pp_baseline": {
+        "estimator": "group_mean",
+        "whiten_advantages": True,
+        "kl_placement": "loss",
+        "kl_estimator": "k2",
+        "kl_beta": 0.001,
+        "loss_agg": "token-mean",
+    },
     "rloo": {"estimator": "rloo", **_KL_IN_REWARD, "loss_agg": "seq-mean-token-sum"},
     "remax": {"estimator": "remax", **_KL_IN_REWARD, "loss_agg": "seq-mean-token-sum"},
     "ppo": {

@@ -288,7 +288,7 @@ _AlgorithmOverrides = create_model(
 
 class AlgorithmConfig(_AlgorithmOverrides):
     preset: PresetName = "grpo"
-    """One of the 13 presets of docs/algorithms.md; every other key of this section overrides one component."""
+    """One of the 14 presets of docs/algorithms.md; every other key of this section overrides one component."""
 
     @model_validator(mode="after")
     def _resolves(self) -> "AlgorithmConfig":

@@ -9,7 +9,8 @@ Each preset's expected gradient is estimated by Monte Carlo, M samples per promp
 prompt, the coefficients computed by the library's own `token_coefficient` (autograd through the
 update's loss), with beta = 0. The claims checked (docs/algorithms.md, "Expected-value properties"):
 reinforce, rloo, remax and orz (exact V) are unbiased; dr_grpo is scaled by (M - 1)/M; reinforce_pp
-by about 1/sigma (the batch's reward std); grpo_r1 weighs prompt x by w(p_x), whose exact value comes
+by about 1/sigma (the batch's reward std); reinforce_pp_baseline by ((M - 1)/M)/sigma_c (sigma_c: the
+batch std of the group-centred rewards); grpo_r1 weighs prompt x by w(p_x), whose exact value comes
 from enumerating the other M - 1 outcomes, so it is not proportional to grad J when p differs.
 """
 
@@ -94,9 +95,17 @@ def sample_batch(env: TabularEnv, m: int, groups_per_prompt: int, generator: tor
     return x, tokens, logp, rewards, groups
 
 
-def mc_gradient(preset: str, env: TabularEnv, m: int, groups_per_prompt: int, seed: int) -> tuple[torch.Tensor, float]:
+@dataclass(frozen=True)
+class BatchSpread:
+    """The batch statistics a whitening preset divides by."""
+
+    reward_std: float  # reinforce_pp's sigma
+    centred_std: float  # reinforce_pp_baseline's sigma_c: the std of r - (its group's mean)
+
+
+def mc_gradient(preset: str, env: TabularEnv, m: int, groups_per_prompt: int, seed: int) -> tuple[torch.Tensor, BatchSpread]:
     """(X, K) Monte-Carlo expected gradient of the preset with the 1/B normaliser stripped; and the
-    batch's reward std (reinforce_pp's sigma)."""
+    batch's spreads."""
     g = torch.Generator().manual_seed(seed)
     x, tokens, logp, rewards, groups = sample_batch(env, m, groups_per_prompt, g)
     spec = AlgorithmConfig(preset=preset, kl_beta=0.0, kl_placement="none").resolve()
@@ -111,7 +120,9 @@ def mc_gradient(preset: str, env: TabularEnv, m: int, groups_per_prompt: int, se
     score = torch.nn.functional.one_hot(tokens, env.logits.shape[1]).double() - env.probs[x]
     grad = torch.zeros_like(env.logits).index_add_(0, x, c.unsqueeze(1) * score)
     per_prompt = groups_per_prompt * m
-    return grad / per_prompt / env.logits.shape[0], float(rewards.std(correction=0))
+    group_means = torch.zeros(int(groups.max()) + 1, dtype=rewards.dtype).index_add_(0, groups, rewards) / m
+    spread = BatchSpread(float(rewards.std(correction=0)), float((rewards - group_means[groups]).std(correction=0)))
+    return grad / per_prompt / env.logits.shape[0], spread
 
 
 @dataclass
@@ -138,7 +149,8 @@ def check_expectations(m: int = 4, groups_per_prompt: int = 20000, seed: int = 0
     truth = env.grad_j()
     rows = []
     for preset in sorted(PRESETS):
-        estimate, sigma = mc_gradient(preset, env, m, groups_per_prompt, seed)
+        estimate, spread = mc_gradient(preset, env, m, groups_per_prompt, seed)
+        sigma = spread.reward_std
         row = Row(preset, *compare(estimate, truth))
         row.per_prompt = [float(estimate[i] @ truth[i] / (truth[i] @ truth[i])) for i in range(len(truth))]
         if preset in ("reinforce", "rloo", "remax", "orz"):
@@ -150,6 +162,11 @@ def check_expectations(m: int = 4, groups_per_prompt: int = 20000, seed: int = 0
         elif preset == "reinforce_pp":
             row.claim = f"scaled by ~1/sigma = {1 / sigma:.3f} (batch reward std {sigma:.3f})"
             row.holds = abs(row.scale * sigma - 1) < tolerance and row.cosine > 1 - tolerance / 5
+        elif preset == "reinforce_pp_baseline":
+            expected = (m - 1) / m / spread.centred_std
+            row.claim = (f"scaled by ((M-1)/M)/sigma_c = {expected:.3f} (std of the group-centred rewards "
+                         f"{spread.centred_std:.3f})")
+            row.holds = abs(row.scale / expected - 1) < tolerance and row.cosine > 1 - tolerance / 5
         elif preset == "grpo_r1":
             # the expectation for prompt x is w(p_x) grad p_x / X: project the estimate on the truth row
             exact = [exact_group_norm_weight(float(p), m) for p in env.p]
