@@ -1,6 +1,6 @@
 """Run every preset through `dvc exp run --temp` on this repo's params.yaml and print one table.
 
-    python scripts/preset_sweep.py                       # all 14 presets, the embedded default
+    python scripts/preset_sweep.py                       # all 16 presets, the embedded default
     python scripts/preset_sweep.py ppo orz vapo          # some of them
     python scripts/preset_sweep.py --out sweep.md -S rollout.prompts_per_round=512
 

@@ -110,7 +110,7 @@ def _flags(flags, rows: int, device) -> torch.Tensor:
 
 def loss_coefs(spec: ResolvedAlgorithm) -> PolicyLossCoefs:
     return PolicyLossCoefs(
-        eps_low=spec.eps_low, eps_high=spec.eps_high, clip_ratio_c=spec.clip_ratio_c,
+        policy_loss=spec.policy_loss, eps_low=spec.eps_low, eps_high=spec.eps_high, clip_ratio_c=spec.clip_ratio_c,
         kl_loss_beta=spec.kl_beta if spec.kl_placement == "loss" else 0.0, kl_loss_estimator=spec.kl_estimator,
         entropy_coef=spec.entropy_coef, nll_coef=spec.nll_coef,
     )

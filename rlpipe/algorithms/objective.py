@@ -19,13 +19,14 @@ from dataclasses import dataclass
 import torch
 
 from rlpipe.algorithms.kl import KL_ESTIMATORS, k3
-from rlpipe.algorithms.losses import clipped_surrogate
+from rlpipe.algorithms.losses import POLICY_LOSSES
 
 
 @dataclass(frozen=True)
 class PolicyLossCoefs:
     """Plain-number coefficients of the policy objective; every field is required."""
 
+    policy_loss: str  # a POLICY_LOSSES name
     eps_low: float
     eps_high: float
     clip_ratio_c: float  # 0 = no dual clip
@@ -56,8 +57,8 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     mask = mask.bool()
     log_ratio = _valid(logp - old_logp, mask)
     advantages = _valid(advantages.to(log_ratio.dtype), mask)
-    surrogate, clipped = clipped_surrogate(log_ratio, torch.zeros_like(log_ratio), advantages, coefs.eps_low,
-                                           coefs.eps_high, coefs.clip_ratio_c)
+    surrogate, clipped = POLICY_LOSSES.get(coefs.policy_loss)(log_ratio, advantages, mask, coefs.eps_low,
+                                                              coefs.eps_high, coefs.clip_ratio_c)
     if rollout_weights is not None:
         surrogate = _valid(rollout_weights.to(surrogate.dtype), mask) * surrogate
     pg_loss = (weights * surrogate).sum()

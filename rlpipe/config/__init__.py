@@ -1,6 +1,6 @@
 """Configuration: pydantic models mirroring `params.yaml`, section by section, and their validation.
 
-- `components`: the names of every pluggable component and the 14 presets (pure data);
+- `components`: the names of every pluggable component and the 16 presets (pure data);
 - `sections`: one model per params section, with every default and a docstring per field;
 - `params`: `Params` (the whole file) and `load_params()`.
 

@@ -1,4 +1,4 @@
-"""The names of every pluggable component, and the 14 presets: pure data, no torch.
+"""The names of every pluggable component, and the 16 presets: pure data, no torch.
 
 The config validates `params.yaml` against these names before any model loads, and each registry
 (estimators, KL estimators, loss aggregations, rollout backends, verifiers) must hold exactly the
@@ -12,7 +12,7 @@ from typing import Literal
 
 PresetName = Literal[
     "reinforce", "reinforce_kl_trick", "reinforce_pp", "reinforce_pp_baseline", "rloo", "remax", "ppo", "orz",
-    "grpo", "grpo_r1", "dapo", "dr_grpo", "vapo", "grpo_process",
+    "grpo", "grpo_r1", "dapo", "dr_grpo", "vapo", "grpo_process", "gspo", "cispo",
 ]  # fmt: skip
 EstimatorName = Literal[
     "reinforce", "reinforce_kl_to_go", "reinforce_pp", "rloo", "remax", "gae",
@@ -22,6 +22,7 @@ KLEstimatorName = Literal["k1", "k2", "k3"]
 LossAggName = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "group-token-mean"
 ]
+PolicyLossName = Literal["ppo_clip", "gspo", "cispo"]
 RolloutBackendName = Literal["hf", "vllm"]
 VerifierName = Literal["exact_match", "chain_steps", "math"]
 TaskName = Literal["addition", "chain"]
@@ -104,6 +105,29 @@ PRESETS: dict[str, dict[str, object]] = {
         "eps_high": 0.28,
         "nll_coef": 0.1,
         "dynamic_sampling": True,
+    },
+    # GSPO (Zheng 2025): one importance ratio per response, (pi / pi_old)^(1/|y|), clipped per response;
+    # the clip range is the paper's (3e-4 / 4e-4: a length-normalised ratio moves little), no KL.
+    "gspo": {
+        "estimator": "group_norm",
+        "policy_loss": "gspo",
+        "kl_placement": "none",
+        "kl_beta": 0.0,
+        "loss_agg": "seq-mean-token-mean",
+        "eps_low": 3e-4,
+        "eps_high": 4e-4,
+    },
+    # CISPO (MiniMax-M1, 2025): REINFORCE weighted by the clipped ratio with its gradient stopped, so that
+    # clipped tokens keep their gradient; no lower bound in practice (eps_low 0.99 here), eps_high 0.28
+    # (our choice: the paper tunes it), token-mean over the batch, no KL.
+    "cispo": {
+        "estimator": "group_norm",
+        "policy_loss": "cispo",
+        "kl_placement": "none",
+        "kl_beta": 0.0,
+        "loss_agg": "token-mean",
+        "eps_low": 0.99,
+        "eps_high": 0.28,
     },
     "grpo_process": {
         "estimator": "group_process",

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
-from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, PresetName,
+from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, PolicyLossName, PresetName,
                                       RolloutBackendName, TaskName, VerifierName)
 
 
@@ -198,6 +199,10 @@ class ResolvedAlgorithm(Section):
     """Estimator of the per-token KL to the reference: k1, k2 or k3."""
     kl_beta: float = Field(0.0, ge=0)
     """KL coefficient; 0 disables the KL term wherever it is placed."""
+    policy_loss: PolicyLossName = "ppo_clip"
+    """Per-token policy loss (docs/algorithms.md, Policy loss): `ppo_clip` (PPO's clipped token ratio),
+    `gspo` (one length-normalised ratio per response, clipped per response), `cispo` (REINFORCE weighted
+    by the clipped ratio, gradient stopped)."""
     loss_agg: LossAggName = "token-mean"
     """How per-token losses are aggregated over the minibatch (docs/algorithms.md, Loss aggregation)."""
     eps_low: float = Field(0.2, ge=0, lt=1)
@@ -251,9 +256,11 @@ class ResolvedAlgorithm(Section):
 
     @field_validator("clip_ratio_c")
     @classmethod
-    def _dual_clip_above_one(cls, value: float) -> float:
+    def _dual_clip_above_one(cls, value: float, info: ValidationInfo) -> float:
         if 0 < value <= 1:
             raise ValueError("must be 0 (off) or > 1")
+        if value > 0 and info.data.get("policy_loss", "ppo_clip") != "ppo_clip":
+            raise ValueError(f"the dual clip applies to policy_loss ppo_clip only, not {info.data['policy_loss']!r}")
         return value
 
     @property
@@ -288,7 +295,7 @@ _AlgorithmOverrides = create_model(
 
 class AlgorithmConfig(_AlgorithmOverrides):
     preset: PresetName = "grpo"
-    """One of the 14 presets of docs/algorithms.md; every other key of this section overrides one component."""
+    """One of the 16 presets of docs/algorithms.md; every other key of this section overrides one component."""
 
     @model_validator(mode="after")
     def _resolves(self) -> "AlgorithmConfig":

@@ -10,7 +10,7 @@ import torch
 
 from rlpipe.algorithms.aggregation import LossCounts, count_minibatch, loss_weights
 from rlpipe.algorithms.build import minibatch_loss_setup, policy_loss
-from rlpipe.algorithms.losses import clipped_surrogate, value_loss
+from rlpipe.algorithms.losses import POLICY_LOSSES, clipped_surrogate, value_loss
 from rlpipe.config import AlgorithmConfig
 
 F64 = torch.float64
@@ -83,6 +83,50 @@ def test_clipped_surrogate():
     loss, active = clipped_surrogate(logp, old[:2], t([-1.0, 1.0]), 0.2, 0.2, clip_ratio_c=3.0)
     assert torch.allclose(loss, t([3.0, -1.2]))
     assert active.tolist() == [True, True]
+
+
+def test_gspo_clips_one_length_normalised_ratio_per_response():
+    # response 1: 2 tokens, ratios 1.2 and 1.5 -> s = sqrt(1.8) = 1.3416; A = +1, eps 0.2/0.2: clipped at 1.2,
+    #   l = -1.2 on both tokens, no gradient. response 2: 1 token (one pad), ratio 0.9 -> s = 0.9, A = -1:
+    #   -min(-0.9, -0.9) = 0.9 (inside the band), gradient d l / d logp = s * 1 = 0.9.
+    log_ratio = torch.log(t([[1.2, 1.5], [0.9, 1.0]])).requires_grad_()
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = t([[1.0, 1.0], [-1.0, -1.0]])
+    loss, active = POLICY_LOSSES.get("gspo")(log_ratio * mask, adv, mask, 0.2, 0.2, 0.0)
+    assert torch.allclose(loss[0], t([-1.2, -1.2])) and loss[1, 0].item() == pytest.approx(0.9)
+    assert active.tolist() == [[True, True], [False, False]]
+    (loss[0, 0] + loss[1, 0]).backward()  # one token each: the per-response losses
+    # response 2's s = exp(log r_1 / 1): d s / d log r_1 = s; response 1 clipped: 0
+    assert torch.allclose(log_ratio.grad, t([[0.0, 0.0], [0.9, 0.0]]))
+
+
+def test_gspo_gradient_spreads_the_ratio_over_the_response():
+    # unclipped, A = 1, 2 tokens with ratios r1, r2: l = -sqrt(r1 r2); d l / d log r_t = -s / 2 on each token
+    log_ratio = torch.log(t([[1.01, 0.99]])).requires_grad_()
+    loss, _ = POLICY_LOSSES.get("gspo")(log_ratio, t([[1.0, 1.0]]), torch.tensor([[True, True]]), 0.2, 0.2, 0.0)
+    loss[0, 0].backward()
+    s = math.sqrt(1.01 * 0.99)
+    assert torch.allclose(log_ratio.grad, t([[-s / 2, -s / 2]]))
+
+
+def test_cispo_keeps_a_stopped_clipped_weight_on_every_token():
+    # ratios 1.5 (A = +1, above 1 + 0.28: weight 1.28), 0.5 (A = -1, inside eps_low 0.99: weight 0.5), 1.0
+    # (A = +1: weight 1). l = -w A log r; gradient -w A, even where the ratio is clipped (PPO's would be 0).
+    log_ratio = torch.log(t([1.5, 0.5, 1.0])).requires_grad_()
+    adv = t([1.0, -1.0, 1.0])
+    loss, active = POLICY_LOSSES.get("cispo")(log_ratio, adv, torch.ones(3, dtype=torch.bool), 0.99, 0.28, 0.0)
+    assert torch.allclose(loss, t([-1.28 * math.log(1.5), 0.5 * math.log(0.5), 0.0]))
+    assert active.tolist() == [True, False, False]
+    loss.sum().backward()
+    assert torch.allclose(log_ratio.grad, t([-1.28, 0.5, -1.0]))
+
+
+def test_dual_clip_belongs_to_ppo_clip():
+    from rlpipe.config import ParamsError, params_from_dict
+
+    with pytest.raises(ParamsError) as err:
+        params_from_dict({"algorithm": {"preset": "gspo", "clip_ratio_c": 3.0}})
+    assert "algorithm.clip_ratio_c" in str(err.value) or "algorithm.policy_loss" in str(err.value)
 
 
 def test_value_loss_clipping():

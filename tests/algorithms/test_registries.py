@@ -10,6 +10,7 @@ from rlpipe.config import components as config
 from rlpipe.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from rlpipe.algorithms.aggregation import LOSS_AGGREGATIONS
 from rlpipe.algorithms.kl import KL_ESTIMATORS
+from rlpipe.algorithms.losses import POLICY_LOSSES
 from rlpipe.config import PRESETS
 from rlpipe.config import AlgorithmConfig, ParamsError, params_from_dict
 from rlpipe.registry import Registry
@@ -23,6 +24,7 @@ from rlpipe.rollout import ROLLOUT_BACKENDS
         (ADVANTAGE_ESTIMATORS, config.EstimatorName),
         (KL_ESTIMATORS, config.KLEstimatorName),
         (LOSS_AGGREGATIONS, config.LossAggName),
+        (POLICY_LOSSES, config.PolicyLossName),
         (ROLLOUT_BACKENDS, config.RolloutBackendName),
         (VERIFIERS, config.VerifierName),
     ],

@@ -102,6 +102,15 @@ def expected(preset: str, b) -> tuple[torch.Tensor, torch.Tensor | None]:
         total_t = float(mask.sum())
         correct_tokens = float(mask[b["correct"]].sum())
         return gae_loop(b, 1.0, lam, 0.0) / total_t, 0.1 * bc(b["correct"].double()) / correct_tokens
+    if preset == "reinforce_pp_baseline":
+        # whitened group-centred rewards; k2 in the loss: d/dlogp of beta (logp - ref)^2 / 2 at logp = old
+        return whiten(bc(r - mean), mask) - 0.001 * (b["old_logp"] - b["ref_logp"]) * mask, None
+    if preset == "gspo":
+        # at ratio 1 every response's s_i = 1 is inside the clip: d(-s_i A_i)/d logp_t = -A_i / T_i, and the
+        # seq-mean-token-mean of a loss constant along the response is its value
+        return z / lengths(b), None
+    if preset == "cispo":
+        return z, None  # weight clip(1) = 1 on every token, token-mean
     if preset == "grpo_process":
         return (process_advantages(b) + kl_loss_term(b, 0.04)) / lengths(b), None
     raise KeyError(preset)
