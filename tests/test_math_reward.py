@@ -21,6 +21,7 @@ from rlpipe.rewards.math import (
     final_answer_span,
     gold_latex,
     math_verify_batch,
+    plain_boxed,
 )
 
 GSM8K = SHARED_DATA / "gsm8k"
@@ -61,6 +62,22 @@ EQUIVALENCES = [
     ("The answer is -3.", "-3", True),
     # GSM8K's marker wins over an earlier "answer" (math-verify alone would take "8" here)
     ("Jerry answered 25-8=<<25-8=17>>17 questions correctly.\n#### 17", "17", True),
+    # answers as real models write them: a Markdown heading that begins with #### is not the marker
+    ("#### Step 2: Money\nShe sells 9 eggs at $2: 9*2 = 18 dollars.\nThe answer is \\boxed{18}", "18", True),
+    ("#### Step 2: Money\nShe earns 18 dollars.", "18", True),
+    ("#### Step 1: Eggs\n16-3-4 = 9\n#### Step 2: Money\n9*2 = 18\n#### 18", "18", True),
+    ("#### Step 18: Done\nSo the total is 21.", "18", False),  # the heading's number is not the answer
+    # a percent sign, a unit or spaced digit groups inside \boxed{} are the plain number
+    ("\\boxed{18\\%}", "18", True),
+    ("\\boxed{18%}", "18", True),
+    ("\\boxed{18.5\\%}", "18.5", True),
+    ("\\boxed{18 eggs}", "18", True),
+    ("\\boxed{18 eggs}", "19", False),
+    ("\\boxed{1 080}", "1080", True),
+    ("\\boxed{1\\,080}", "1080", True),
+    ("\\boxed{1 080 eggs}", "1,080", True),
+    ("\\boxed{2 3}", "23", False),  # not a digit group of three: left alone, not read as 23
+    ("\\boxed{3 \\pi}", "3", False),  # mathematics, not a unit
     ("The answer is 73.", "72", False),
     ("\\boxed{0.51}", "1/2", False),
     ("\\boxed{\\sqrt{3}}", "\\sqrt{2}", False),
@@ -94,6 +111,12 @@ def test_gold_and_completion_preparation():
     assert final_answer_span("a\n#### 17\n") == "17"
     assert final_answer_span("#### 3\n#### 4 apples\nthanks") == "4 apples"
     assert final_answer_span("no marker 5") == "no marker 5"
+    assert final_answer_span("#### Step 2: Money\n18 dollars") == "#### Step 2: Money\n18 dollars"  # a heading
+    assert final_answer_span("#### Step 1\nx\n#### $18\n") == "$18"
+    assert plain_boxed("so \\boxed{18\\%} and \\boxed{1 080 eggs}") == "so \\boxed{18} and \\boxed{1080}"
+    for unchanged in ("\\boxed{2 3}", "\\boxed{2x}", "\\boxed{3 pi}", "\\boxed{x+1}", "\\boxed{\\frac{1}{2}}",
+                      "\\boxed{12 dollars and 5 cents}"):
+        assert plain_boxed(unchanged) == unchanged
     long = "x" * (3 * MAX_COMPLETION_CHARS) + "\\boxed{72}"
     assert completion_tail(long).endswith("\\boxed{72}") and len(completion_tail(long)) == MAX_COMPLETION_CHARS
 

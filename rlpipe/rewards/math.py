@@ -64,15 +64,46 @@ def gold_latex(answer: str) -> str:
     return "\\boxed{" + answer + "}"
 
 
+_ANSWER_START = re.compile(r"\s*[-+$\\(.\d]")
+"""What an answer after GSM8K's "####" starts with: a digit, sign, point, dollar, parenthesis or latex."""
+
+
 def final_answer_span(completion: str) -> str:
-    """The rest of the line after the last "####" (GSM8K's final-answer marker), else the completion.
+    """The rest of the line after the last "####" that marks a final answer (GSM8K's marker), else the
+    completion. A "####" followed by a word is a Markdown heading ("#### Step 2: Money"), not a marker.
 
     math-verify ranks a number after the word "answer" above a bare trailing number, so without this a
     solution reading "... 25-8=17 questions answered. #### 17" would be scored on "8"."""
-    marker = completion.rfind("####")
-    if marker < 0:
-        return completion
-    return completion[marker + 4:].split("\n", 1)[0].strip() or completion
+    for marker in reversed([m.end() for m in re.finditer("####", completion)]):
+        rest = completion[marker:].split("\n", 1)[0]
+        if _ANSWER_START.match(rest):
+            return rest.strip()
+    return completion
+
+
+_BOXED_FLAT = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER_AND_UNIT = re.compile(
+    r"\s*(?:\\?\$)?\s*"  # an optional dollar sign
+    r"(?P<number>[+-]?\d{1,3}(?:(?:\s|\\,|\\ |~)\d{3})+(?:\.\d+)?|[+-]?\d+(?:\.\d+)?)"  # 1 080, 1\,080 or 18.5
+    r"(?:\s*\\?%|\s+(?P<unit>[A-Za-z]{2,}[A-Za-z .]*))?\s*"  # an optional percent sign, or words after a space
+)
+_MATH_WORDS = {"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "exp", "mod", "and", "or"}
+"""Words after a number that are mathematics, not a unit: "\\boxed{3 pi}" is not 3."""
+
+
+def plain_boxed(completion: str) -> str:
+    """Each \\boxed{} holding a number with a percent sign, a unit, or spaces between digit groups, as
+    the plain number: "\\boxed{18\\%}", "\\boxed{18 eggs}" and "\\boxed{1 080}" become "\\boxed{18}",
+    "\\boxed{18}" and "\\boxed{1080}". Anything else ("\\boxed{2 3}", "\\boxed{x+1}") is left alone."""
+
+    def flatten(match: re.Match) -> str:
+        plain = _NUMBER_AND_UNIT.fullmatch(match.group(1))
+        unit = plain and plain.group("unit")
+        if plain is None or (unit and unit.split()[0].lower() in _MATH_WORDS):
+            return match.group(0)
+        return "\\boxed{" + re.sub(r"\s|\\,|\\ |~", "", plain.group("number")) + "}"
+
+    return _BOXED_FLAT.sub(flatten, completion)
 
 
 def completion_tail(completion: str) -> str:
@@ -129,6 +160,7 @@ def _checker():
         gold_parsed = parse_gold(gold)
         if not gold_parsed or not completion.strip():
             return False
+        completion = plain_boxed(completion)
         span = final_answer_span(completion)
         predicted = parse(span, parsing_timeout=None)
         if not predicted and span is not completion:
