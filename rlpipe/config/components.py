@@ -23,6 +23,7 @@ LossAggName = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "group-token-mean"
 ]
 PolicyLossName = Literal["ppo_clip", "gspo", "cispo"]
+LRScheduleName = Literal["constant", "linear_warmup", "cosine"]
 RolloutBackendName = Literal["hf", "vllm"]
 VerifierName = Literal["exact_match", "chain_steps", "math"]
 TaskName = Literal["addition", "chain"]

@@ -72,6 +72,11 @@ class Params(Section):
                 f"must be >= 2 for estimator {algo.estimator!r} (preset {self.algorithm.preset!r}): "
                 f"a group of one has no baseline; got {self.rollout.samples_per_prompt}",
             )
+        if self.update.lr_schedule == "cosine" and self.update.lr_decay_steps is None:
+            per_round = self.update.epochs * -(-self.rollout.prompts_per_round // self.update.minibatch_prompts)
+            raise KeyedError("update.lr_decay_steps", f"the cosine schedule needs its horizon in optimizer steps: "
+                                                      f"{per_round * self.rounds} for these {self.rounds} rounds of "
+                                                      f"{per_round} steps (fewer if dynamic sampling drops groups)")
         if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
             raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
         self._warn_if_answers_truncated()

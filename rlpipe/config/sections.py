@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
                       model_validator)
 
-from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, PolicyLossName, PresetName,
+from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, LRScheduleName,
+                                      PolicyLossName, PresetName,
                                       RolloutBackendName, TaskName, VerifierName)
 
 
@@ -317,7 +318,19 @@ class AlgorithmConfig(_AlgorithmOverrides):
 # ----------------------------------------------------------------------------------------------
 class UpdateConfig(Section):
     lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate of the policy (re-applied every round, so it may change between rounds)."""
+    """AdamW learning rate of the policy: the schedule's peak (re-applied every step, so it may change
+    between rounds)."""
+    lr_schedule: LRScheduleName = "constant"
+    """Over the whole run, by global optimizer step (rlpipe/train/schedule.py): `constant`,
+    `linear_warmup` (0 to lr over warmup_steps, then lr) or `cosine` (the warmup, then down to
+    min_lr_ratio * lr at lr_decay_steps)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warmup (linear_warmup, cosine)."""
+    lr_decay_steps: Optional[int] = Field(None, ge=1)
+    """cosine: the global optimizer step at which the decay ends (warmup included); needed for cosine.
+    Given in steps, not derived from `rounds`, so that lengthening a run changes no earlier round."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """cosine: the learning rate at and after lr_decay_steps, as a fraction of lr."""
     epochs: int = Field(1, ge=1)
     """Passes over the round's batch (verl: ppo_epochs)."""
     minibatch_prompts: int = Field(64, ge=1)
@@ -348,6 +361,15 @@ class UpdateConfig(Section):
     (eager 1.6x faster at 13 tokens, equal at 128, 0.5x at 512)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "UpdateConfig":
+        if self.lr_schedule == "constant" and self.warmup_steps > 0:
+            raise KeyedError("update.warmup_steps", "the constant schedule has no warmup; use linear_warmup or cosine")
+        if self.lr_schedule == "cosine" and self.lr_decay_steps is not None and self.lr_decay_steps <= self.warmup_steps:
+            raise KeyedError("update.lr_decay_steps", f"must be after the warmup (update.warmup_steps = "
+                                                      f"{self.warmup_steps}); got {self.lr_decay_steps}")
+        return self
 
 
 class ValueModelConfig(Section):

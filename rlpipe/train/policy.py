@@ -27,6 +27,7 @@ from rlpipe.models.sequences import pack, pad_ragged, response_logprobs, token_b
 from rlpipe.progress import progress
 from rlpipe.train.distributed import World, unwrap, wrap_model
 from rlpipe.train.loop import make_adamw, minibatches, optimizer_step, saved_optimizer, set_lr, step_means
+from rlpipe.train.schedule import Schedule, learning_rate
 
 
 @dataclass
@@ -211,19 +212,23 @@ def train_policy(model, optimizer, pad_id: int, columns: artifacts.Columns, rows
     for i in rows:
         rows_of.setdefault(columns["group"][i], []).append(i)
     cfg, steps = params.update, []
+    schedule = Schedule(cfg.lr, cfg.warmup_steps, cfg.lr_decay_steps, cfg.min_lr_ratio)
     n_steps = cfg.epochs * -(-len(rows_of) // cfg.minibatch_prompts)
     model.train()
     with progress(total=n_steps, desc=f"update {round_name}", unit="step") as bar:
         rng = random.Random(f"{params.seed}:update:{round_name}")
         for mb_groups in minibatches(list(rows_of), cfg.minibatch_prompts, cfg.epochs, cfg.shuffle, rng):
             global_step += 1
+            lr = learning_rate(cfg.lr_schedule, global_step, schedule)
+            set_lr(optimizer, lr)
             mine = [row for g in world.shard(mb_groups) for row in rows_of[g]]
             metrics = train_step(model, optimizer, Minibatch.of(columns, mine) if mine else None, params, pad_id,
                                  f"update@{round_name} step {global_step}", world)
-            steps.append({"step": global_step, **metrics})
+            steps.append({"step": global_step, "lr": lr, **metrics})
             if tracker is not None:
-                tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=global_step)
-                tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=global_step, to_parent=True)
+                logged = {f"train/{k}": v for k, v in {"lr": lr, **metrics}.items()}
+                tracker.log_metrics(logged, step=global_step)
+                tracker.log_metrics(logged, step=global_step, to_parent=True)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.4f}")
     model.eval()
