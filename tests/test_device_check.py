@@ -1,0 +1,33 @@
+"""The prepared GPU check runs here on the CPU with a tiny shape, through the same shell command a session
+lent the device machine runs, and writes its figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_device_check_runs_on_cpu_with_a_tiny_shape(tmp_path):
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts/device_check.sh"), "--shape", "tiny", "--steps", "2", "--prompts", "4",
+         "--samples", "2", "--prompt-len", "8", "--response-len", "8"],
+        env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads((tmp_path / "device_check.json").read_text())
+    assert figures["device"] == "cpu" and figures["shape"] == "tiny" and figures["parameters"] > 0
+    # the advantage stage's pass and the update's agree on the same weights
+    assert figures["logprob_max_abs_diff"]["fp32"] < 1e-5
+    assert figures["logprob_max_abs_diff"]["bf16_autocast"] < 0.1
+    for strategy in ("ddp", "fsdp2"):
+        update = figures["update"][strategy]
+        assert len(update["step_seconds"]) == 2 and update["train_tokens_per_s"] > 0
+        assert all(math.isfinite(loss) for loss in update["losses"])
+    # one-process DDP and FSDP2 take the same first step from the same weights
+    assert math.isclose(figures["update"]["ddp"]["losses"][0], figures["update"]["fsdp2"]["losses"][0], rel_tol=1e-2)
+    rollout = figures["rollout_hf"]
+    assert rollout["responses"] == 8 and 0 < rollout["generated_tokens"] <= 64 and rollout["tokens_per_s"] > 0
