@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rlpipe import paths
 from rlpipe.errors import PipelineError
+from rlpipe.tracking.client import flatten
 
 
 @dataclass
@@ -35,16 +36,6 @@ class Run:
     changed: dict
     """Dotted keys whose value differs from the baseline commit's params.yaml."""
     wall_seconds: float | None = None
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _file_data(state: dict, kind: str, path: str) -> dict:
