@@ -24,6 +24,7 @@ LossAggName = Literal[
 ]
 PolicyLossName = Literal["ppo_clip", "gspo", "cispo"]
 LRScheduleName = Literal["constant", "linear_warmup", "cosine"]
+RolloutCorrectionName = Literal["none", "tis", "mis"]
 RolloutBackendName = Literal["hf", "vllm"]
 VerifierName = Literal["exact_match", "chain_steps", "math"]
 TaskName = Literal["addition", "chain"]

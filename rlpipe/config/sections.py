@@ -13,7 +13,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, LRScheduleName,
-                                      PolicyLossName, PresetName,
+                                      PolicyLossName, PresetName, RolloutCorrectionName,
                                       RolloutBackendName, TaskName, VerifierName)
 
 
@@ -238,7 +238,7 @@ class ResolvedAlgorithm(Section):
     """Add DAPO's soft overlong penalty (reward.overlong_cache_len) to the reward."""
     overlong_filtering: bool = False
     """Give truncated responses zero loss weight."""
-    rollout_correction: Literal["none", "tis", "mis"] = "none"
+    rollout_correction: RolloutCorrectionName = "none"
     """Correct for the rollout engine's probabilities differing from the trainer's (docs/algorithms.md,
     Rollout correction): each token's policy-gradient term is weighted by rho = pi_old / pi_rollout,
     truncated at rollout_correction_cap (`tis`), or dropped where rho leaves [rollout_correction_lower,

@@ -222,13 +222,12 @@ def train_policy(model, optimizer, pad_id: int, columns: artifacts.Columns, rows
             lr = learning_rate(cfg.lr_schedule, global_step, schedule)
             set_lr(optimizer, lr)
             mine = [row for g in world.shard(mb_groups) for row in rows_of[g]]
-            metrics = train_step(model, optimizer, Minibatch.of(columns, mine) if mine else None, params, pad_id,
-                                 f"update@{round_name} step {global_step}", world)
-            steps.append({"step": global_step, "lr": lr, **metrics})
+            metrics = {"lr": lr, **train_step(model, optimizer, Minibatch.of(columns, mine) if mine else None, params,
+                                              pad_id, f"update@{round_name} step {global_step}", world)}
+            steps.append({"step": global_step, **metrics})
             if tracker is not None:
-                logged = {f"train/{k}": v for k, v in {"lr": lr, **metrics}.items()}
-                tracker.log_metrics(logged, step=global_step)
-                tracker.log_metrics(logged, step=global_step, to_parent=True)
+                tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=global_step)
+                tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=global_step, to_parent=True)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.4f}")
     model.eval()

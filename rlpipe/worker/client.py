@@ -50,9 +50,10 @@ def connect(project: Path) -> socket.socket | None:
     if execution.startswith("stage:"):
         return None
     path = worker_socket(execution, project)
-    running = connect_running(project)
-    if running is not None:
-        return running
+    try:
+        return local_service.connect(path)
+    except OSError:
+        pass
     log = service_log(project, "rlpipe-worker.log")
     process = spawn("rlpipe.worker.server", [str(path), str(owner_pid(execution) or "-"), str(project)], log)
     try:

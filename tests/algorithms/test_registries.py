@@ -11,6 +11,7 @@ from rlpipe.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from rlpipe.algorithms.aggregation import LOSS_AGGREGATIONS
 from rlpipe.algorithms.kl import KL_ESTIMATORS
 from rlpipe.algorithms.losses import POLICY_LOSSES
+from rlpipe.algorithms.rollout_correction import CORRECTIONS
 from rlpipe.train.schedule import LR_SCHEDULES
 from rlpipe.config import PRESETS
 from rlpipe.config import AlgorithmConfig, ParamsError, params_from_dict
@@ -27,6 +28,7 @@ from rlpipe.rollout import ROLLOUT_BACKENDS
         (LOSS_AGGREGATIONS, config.LossAggName),
         (POLICY_LOSSES, config.PolicyLossName),
         (LR_SCHEDULES, config.LRScheduleName),
+        (CORRECTIONS, config.RolloutCorrectionName),
         (ROLLOUT_BACKENDS, config.RolloutBackendName),
         (VERIFIERS, config.VerifierName),
     ],
