@@ -140,6 +140,19 @@ def _runs(args) -> int:
     return 0
 
 
+def _merge_lora(args) -> int:
+    from rlpipe.errors import PipelineError
+    from rlpipe.models.lora import merge_checkpoint
+
+    try:
+        merge_checkpoint(Path(args.checkpoint), Path(args.out))
+    except (PipelineError, FileNotFoundError) as err:
+        print(f"rlpipe merge-lora: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}: {args.checkpoint} merged into its base, a plain checkpoint (AutoModelForCausalLM, vLLM)")
+    return 0
+
+
 def _plots_page(args) -> int:
     from rlpipe.plots_page import main as plots_page
 
@@ -180,6 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     runs.add_argument("--wide", action="store_true", help="list every changed param in full")
     runs.add_argument("--json", action="store_true", help="the rows as JSON, every field in full")
     runs.set_defaults(run=_runs)
+    merge = sub.add_parser("merge-lora", help="write a LoRA round's policy merged into its base, as a plain checkpoint",
+                           description="Write base + (alpha / r) B A of a LoRA checkpoint (model.lora; e.g. "
+                                       "runs/policy/r6) as a plain save_pretrained directory with the tokenizer, "
+                                       "which AutoModelForCausalLM and vLLM load without peft or the base. Run it "
+                                       "from the project root: the adapters name their base runs/policy/r0 relative "
+                                       "to it.")
+    merge.add_argument("checkpoint", help="a round's LoRA policy directory, e.g. runs/policy/r6")
+    merge.add_argument("out", help="the directory to write (replaced atomically)")
+    merge.set_defaults(run=_merge_lora)
     page = sub.add_parser("plots-page", help="write the offline page template for dvc plots (.dvc/plots_page.html)",
                           description="Write .dvc/plots_page.html, the template `dvc plots show` and `dvc plots diff` use "
                                       "(.dvc/config: plots.html_template): DVC's page with Vega, Vega-Lite and "

@@ -79,11 +79,13 @@ def stage_data(name: str, round_name: str | None = None) -> tuple[list[Path], li
                   "evaluate": [paths.PLOTS]}[name]
         return reads, writes
     r, prev = round_name, paths.previous_round(round_name)
+    # r0 is read by every stage that loads the policy: it is the reference, and with model.lora the base
+    # that each round's adapter checkpoint applies to
     reads = {
-        "rollout": [paths.policy_dir(prev), paths.TRAIN],
+        "rollout": [paths.policy_dir(prev), paths.policy_dir("r0"), paths.TRAIN],
         "reward": [paths.rollouts_path(r), paths.policy_dir("r0") / "tokenizer.json"],
         "advantage": [paths.rewards_path(r), paths.policy_dir(prev), paths.policy_dir("r0"), paths.critic_dir(prev)],
-        "update": [paths.batch_path(r), paths.policy_dir(prev), paths.critic_dir(prev)],
+        "update": [paths.batch_path(r), paths.policy_dir(prev), paths.policy_dir("r0"), paths.critic_dir(prev)],
     }[name]
     writes = {"rollout": [paths.rollouts_path(r)], "reward": [paths.rewards_path(r)], "advantage": [paths.batch_path(r)],
               "update": [paths.policy_dir(r), paths.critic_dir(r)]}[name]

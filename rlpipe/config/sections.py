@@ -143,6 +143,28 @@ class WarmStartConfig(Section):
     """(prompt, answer) pairs per warm-start step, drawn with replacement."""
 
 
+class LoRAConfig(Section):
+    """Low-rank adapters on the policy (peft): only the adapters train, and each round stores only them."""
+
+    rank: int = Field(0, ge=0)
+    """r of every adapter; 0 = off (the whole policy trains and each round stores all its weights)."""
+    alpha: float = Field(16.0, gt=0)
+    """lora_alpha: the adapter's update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training (the logprobs of rollout and advantage have none)."""
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                "gate_proj", "up_proj", "down_proj"])
+    """Names of the linear layers that get adapters (peft's target_modules); the default is every linear
+    layer of a Llama/Qwen block. Checked against the policy's modules when the first update attaches them."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one module (e.g. q_proj)")
+        return value
+
+
 class ModelConfig(Section):
     path: Optional[str] = None
     """HF model directory or hub name of the policy. null = the embedded tiny model, built in `init`."""
@@ -152,6 +174,8 @@ class ModelConfig(Section):
     """Shape of the embedded model (used when `path` is null)."""
     warm_start: WarmStartConfig = WarmStartConfig()
     """SFT of the embedded model in `init` (used when `path` is null)."""
+    lora: LoRAConfig = LoRAConfig()
+    """LoRA on the policy (off at rank 0): the base is round 0's checkpoint, stored once."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -50,11 +50,16 @@ def load_policy(path: str | Path, dtype: str = "float32"):
     """(model, tokenizer) from a `save_pretrained` directory or hub name; eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlpipe.models import lora
+
     path = str(path)
-    if Path(path).exists() and not (Path(path) / "config.json").is_file():
+    if lora.is_adapter(path):
+        model = lora.load(path, torch_dtype(dtype))
+    elif Path(path).exists() and not (Path(path) / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a model directory (no config.json); did its stage finish?")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     model.eval()
     return model, tokenizer
 
@@ -74,7 +79,9 @@ def checkpoint_signature(path: str | Path) -> tuple[int, str]:
     """(config vocab_size, tokenizer fingerprint) of a `save_pretrained` directory, without its weights."""
     from transformers import AutoConfig, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(str(path))
+    from rlpipe.models.lora import weights_dir
+
+    config = AutoConfig.from_pretrained(str(weights_dir(path)))
     return config.vocab_size, tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(path)))
 
 
@@ -100,10 +107,16 @@ def check_compatible(checkpoints: dict[str, str | Path]) -> None:
 
 
 def save_policy(model, tokenizer, path: Path, optimizer=None) -> None:
-    """`save_pretrained` of model and tokenizer, plus the optimizer state when given."""
+    """`save_pretrained` of model and tokenizer (of a LoRA policy, its adapters only), plus the optimizer
+    state when given."""
     import torch
 
-    model.save_pretrained(path)
+    from rlpipe.models import lora
+
+    if lora.is_peft_model(model):
+        lora.save(model, path)
+    else:
+        model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)

@@ -42,6 +42,19 @@ def identity(directory: Path) -> Identity | None:
     return tuple(sorted(out))
 
 
+def checkpoint_identity(directory: Path) -> Identity | None:
+    """`identity` of a checkpoint directory and, for a LoRA adapter checkpoint, of its base as well: an
+    adapter means nothing without the weights it applies to."""
+    from rlpipe.models.lora import adapter_base
+
+    own = identity(directory)
+    base = adapter_base(directory) if own is not None else None
+    if base is None:
+        return own
+    base_identity = identity(base)
+    return None if base_identity is None else own + tuple((f"base:{base.as_posix()}/{entry[0]}", *entry[1:]) for entry in base_identity)
+
+
 @dataclass
 class Held:
     identity: Identity
@@ -68,7 +81,7 @@ class ModelStore:
         held = self.held.get(key)
         if held is None:
             return None
-        if held.identity != identity(Path(path)):
+        if held.identity != checkpoint_identity(Path(path)):
             del self.held[key]  # the checkpoint changed on disk since: never serve the old one
             return None
         self.reused += 1
@@ -104,7 +117,7 @@ class ModelStore:
         found = self._find(kind, path, dtype, take=False)
         if found is not None:
             return found[0], found[1]
-        before = identity(Path(path))
+        before = checkpoint_identity(Path(path))
         model, tokenizer = load(path, dtype)
         self._keep(kind, path, dtype, (model, tokenizer, None), before)
         return model, tokenizer
@@ -125,7 +138,7 @@ class ModelStore:
         for parameter in model.parameters():
             parameter.grad = None
         model.eval()
-        written = identity(Path(path))
+        written = checkpoint_identity(Path(path))
         # the tokenizer as loading the checkpoint gives it: a tokenizer built in memory saves another
         # tokenizer_config.json than the same tokenizer loaded back (cheap: no weights)
         tokenizer = AutoTokenizer.from_pretrained(str(path))

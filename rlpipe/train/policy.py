@@ -69,7 +69,9 @@ class Minibatch:
 
 
 def make_optimizer(model, cfg: UpdateConfig, state_path: Path | None = None):
-    return make_adamw(model.parameters(), cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+    from rlpipe.models.lora import trainable_parameters
+
+    return make_adamw(trainable_parameters(model), cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                       weight_decay=cfg.weight_decay, state_path=state_path)
 
 
@@ -146,6 +148,7 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     """Train on the round's kept groups; rank 0 writes the checkpoint. Returns the round's metrics and,
     under `step_metrics`, each optimizer step's (for a caller that logs them, e.g. the torchrun parent).
     `models` (a ModelStore) gives the policy and its optimizer, and holds the trained ones afterwards."""
+    from rlpipe.models import lora
     from rlpipe.models.policy import OPTIMIZER_FILE, save_policy
     from rlpipe.models.store import ModelStore
 
@@ -155,6 +158,7 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     rows = [i for i, kept in enumerate(columns["kept"]) if kept]
     state = json.loads((policy_path / paths.TRAINER_STATE).read_text())
     model, tokenizer, optimizer = models.policy_for_training(policy_path, params.model.dtype)
+    model = lora.for_training(model, params.model.lora, policy_path, params.seed)
     longest = max((len(columns["prompt_ids"][i]) + len(columns["response_ids"][i]) for i in rows), default=0)
     # the kernel is not part of the saved config: the checkpoint is the same whichever runs here; the
     # model gets its own back after training, for whoever uses it next (the warm worker's rollout)
@@ -162,6 +166,8 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     model.set_attn_implementation(update_attention(params.update, world.device, longest))
     if params.update.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+        if lora.is_peft_model(model):  # frozen embeddings: checkpointed blocks still need an input with grad
+            model.enable_input_require_grads()
     model = wrap_model(model.to(world.device), params.update.strategy, world)
     if optimizer is None:
         optimizer = make_optimizer(model, params.update, saved_optimizer(policy_path, OPTIMIZER_FILE, trained=state["global_step"] > 0))
