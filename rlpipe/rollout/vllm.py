@@ -195,7 +195,9 @@ def to_generation_output(requests: Sequence[Request], outputs: Sequence, num_row
 
 def checkpoint_dtype(model_path: str) -> str:
     """The dtype a checkpoint was saved in (config.json), float32 when it does not say."""
-    config = Path(model_path) / "config.json"
+    from rlpipe.models.lora import weights_dir
+
+    config = weights_dir(model_path) / "config.json"
     if config.is_file():
         data = json.loads(config.read_text())
         dtype = data.get("dtype") or data.get("torch_dtype")
@@ -218,8 +220,10 @@ def engine_settings(cfg, dtype: str | None, model_path: str | Path | None = None
     if model_path is not None:
         import hashlib
 
-        shape = hashlib.sha256(b"".join((Path(model_path) / name).read_bytes() for name in ("config.json", "tokenizer.json")
-                                        if (Path(model_path) / name).is_file())).hexdigest()
+        from rlpipe.models.lora import weights_dir
+
+        files = [weights_dir(model_path) / "config.json", Path(model_path) / "tokenizer.json"]
+        shape = hashlib.sha256(b"".join(path.read_bytes() for path in files if path.is_file())).hexdigest()
     return logprobs_mode(spec), dtype, cfg.recompute_old_logprobs, shape
 
 
@@ -229,12 +233,16 @@ class VLLMBackend:
     def __init__(self, model_path: str, tokenizer, cfg, dtype: str | None = None, seed: int = 0,
                  **engine_kwargs):
         """The engine on `model_path` (tokenizer from the same directory), float32 unless `dtype`
-        (e.g. params' model.dtype) or the checkpoint says otherwise; `engine_kwargs` go to `LLM`."""
-        from rlpipe.models.store import identity
+        (e.g. params' model.dtype) or the checkpoint says otherwise; `engine_kwargs` go to `LLM`. A LoRA
+        checkpoint starts the engine on its base, then loads its merged weights in place."""
+        from rlpipe.models.lora import adapter_base
+        from rlpipe.models.store import checkpoint_identity
 
         self.tokenizer, self.cfg = tokenizer, cfg
         self.settings = engine_settings(cfg, dtype, model_path)
-        self.loaded_path, self.loaded_identity = str(Path(model_path).resolve()), identity(Path(model_path))
+        base = adapter_base(model_path)
+        adapter, model_path = (model_path, base) if base is not None else (None, model_path)
+        self.loaded_path, self.loaded_identity = str(Path(model_path).resolve()), checkpoint_identity(Path(model_path))
         self.reload_seconds = 0.0
         spec = SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
         self.logprobs_mode = logprobs_mode(spec)
@@ -272,13 +280,15 @@ class VLLMBackend:
             **engine_kwargs,
         )
         self.startup_seconds = time.perf_counter() - started
+        if adapter is not None:
+            self.use_weights(adapter)
 
     def use_weights(self, model_path: str | Path) -> None:
         """Load the checkpoint at `model_path` (same architecture) into the running engine, unless it
         already holds exactly that checkpoint."""
-        from rlpipe.models.store import identity
+        from rlpipe.models.store import checkpoint_identity
 
-        wanted = (str(Path(model_path).resolve()), identity(Path(model_path)))
+        wanted = (str(Path(model_path).resolve()), checkpoint_identity(Path(model_path)))
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
