@@ -40,12 +40,26 @@ def test_every_shipped_params_file_validates():
         ({"rounds": 0}, "rounds"),
         ({"eval": {"samples": 4, "k": [8]}}, "eval.k"),
         ({"model": {"tiny": {"hidden": 30, "heads": 4}}}, "model.tiny.hidden"),
+        ({"update": {"nnodes": 2}}, "update.rdzv_endpoint"),
+        ({"update": {"nnodes": 2, "rdzv_endpoint": "10.0.0.1"}}, "update.rdzv_endpoint"),
+        ({"update": {"nnodes": 2, "rdzv_endpoint": "10.0.0.1:0"}}, "update.rdzv_endpoint"),
+        ({"update": {"nnodes": 2, "rdzv_endpoint": "10.0.0.1:65536"}}, "update.rdzv_endpoint"),
+        ({"update": {"nnodes": 2, "rdzv_endpoint": "node 0:29500"}}, "update.rdzv_endpoint"),
+        ({"update": {"rdzv_endpoint": "::1:29500"}}, "update.rdzv_endpoint"),
+        ({"update": {"nnodes": 0}}, "update.nnodes"),
+        ({"update": {"nnodes": 2, "rdzv_endpoint": "10.0.0.1:29500", "rdzv_timeout": 0}}, "update.rdzv_timeout"),
     ],
 )
 def test_bad_params_name_the_key(patch, key):
     with pytest.raises(ParamsError) as err:
         params_from_dict(patch)
     assert f"  {key}: " in str(err.value)
+
+
+@pytest.mark.parametrize("endpoint", ["10.0.0.1:29500", "node-0.cluster:29500", "[::1]:29500", "localhost:1"])
+def test_a_multi_node_update_takes_host_port(endpoint):
+    update = params_from_dict({"update": {"nnodes": 3, "nproc": 2, "rdzv_endpoint": endpoint}}).update
+    assert update.world_size == 6 and update.rdzv_endpoint == endpoint
 
 
 def test_truncating_max_new_tokens_warns_with_the_key():

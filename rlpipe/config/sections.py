@@ -7,6 +7,7 @@ docstring, from which docs/params.md is generated. Cross-field rules are validat
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
@@ -340,6 +341,10 @@ class AlgorithmConfig(_AlgorithmOverrides):
 
 
 # ----------------------------------------------------------------------------------------------
+ENDPOINT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[\w.-]+):(?P<port>\d{1,5})")
+"""torchrun's rendezvous endpoint: a host name, IPv4 address or bracketed IPv6 address, and a port."""
+
+
 class UpdateConfig(Section):
     lr: float = Field(1e-4, gt=0)
     """AdamW learning rate of the policy: the schedule's peak (re-applied every step, so it may change
@@ -372,7 +377,19 @@ class UpdateConfig(Section):
     shuffle: bool = True
     """Shuffle groups into minibatches (seeded)."""
     nproc: int = Field(1, ge=1)
-    """Processes of the update under torchrun (gloo on CPU, nccl on GPU); groups are dealt to ranks whole."""
+    """Processes of the update under torchrun (gloo on CPU, nccl on GPU), on each node; groups are dealt
+    to ranks whole."""
+    nnodes: int = Field(1, ge=1)
+    """Machines of the update, each running update.nproc processes (nnodes * nproc ranks). Node 0 is the
+    machine that runs `dvc repro`; each other node runs `rlpipe update-node --round rK --node-rank K` for
+    every round, in the same checkout on a shared filesystem (README, "Multi-node updates")."""
+    rdzv_endpoint: Optional[str] = None
+    """host:port of node 0, where its torchrun agent listens for the other nodes (torchrun's static
+    rendezvous, which gives node 0 the global rank 0 that writes the checkpoints); needed when
+    nnodes > 1. The rendezvous id is `rlpipe-update-rK`, one per round."""
+    rdzv_timeout: int = Field(1800, ge=1)
+    """Seconds a node waits at the rendezvous for the others: a node started for round K early waits
+    while node 0 still runs the round's rollout."""
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """Data parallelism across the nproc processes: DDP (replicated) or FSDP2 (`fully_shard`, sharded)."""
     bf16: bool = False
@@ -394,6 +411,24 @@ class UpdateConfig(Section):
             raise KeyedError("update.lr_decay_steps", f"must be after the warmup (update.warmup_steps = "
                                                       f"{self.warmup_steps}); got {self.lr_decay_steps}")
         return self
+
+    @model_validator(mode="after")
+    def _rendezvous(self) -> "UpdateConfig":
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise KeyedError("update.rdzv_endpoint", f"update.nnodes = {self.nnodes} needs node 0's address for the "
+                                                     f"other nodes to meet at, as host:port (e.g. 10.0.0.1:29500)")
+        if self.rdzv_endpoint is not None:
+            found = ENDPOINT.fullmatch(self.rdzv_endpoint)
+            if found is None or not 1 <= int(found["port"]) <= 65535:
+                # port 0 would let node 0 pick a port the other nodes cannot know
+                raise KeyedError("update.rdzv_endpoint", f"must be host:port with a port in 1..65535 (an IPv6 host "
+                                                         f"in brackets: [::1]:29500); got {self.rdzv_endpoint!r}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the update: update.nproc on each of update.nnodes nodes."""
+        return self.nproc * self.nnodes
 
 
 class ValueModelConfig(Section):
