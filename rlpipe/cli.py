@@ -4,6 +4,7 @@
   rlpipe params-reference             write docs/params.md, every params key with its default and meaning
   rlpipe prune --keep K [--remote R]  drop all but the latest K rounds' checkpoints (pushed to R first)
   rlpipe compare [--round rK]          every preset's token coefficients on one round's cached batch
+  rlpipe update-node --round rK --node-rank K   node K of round K's multi-node update (update.nnodes)
   rlpipe check-expectations            the seed's expected-value claims on an exact tabular environment
 """
 
@@ -153,6 +154,19 @@ def _merge_lora(args) -> int:
     return 0
 
 
+def _update_node(args) -> int:
+    from rlpipe.config import load_params
+    from rlpipe.errors import PipelineError
+    from rlpipe.train.torchrun import run_node
+
+    try:
+        run_node(load_params(), args.round, args.node_rank)
+    except PipelineError as err:
+        print(f"rlpipe update-node: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _plots_page(args) -> int:
     from rlpipe.plots_page import main as plots_page
 
@@ -221,6 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--out", help="output directory (default runs/compare/<round>)")
     compare.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     compare.set_defaults(run=_compare)
+    node = sub.add_parser("update-node", help="run one other node of a round's multi-node update (update.nnodes)",
+                          description="Start this machine's torchrun agent for round --round's update as node "
+                                      "--node-rank (1..update.nnodes-1), with update.nproc processes; it waits "
+                                      "at update.rdzv_endpoint (up to update.rdzv_timeout seconds) for node 0, "
+                                      "the machine whose `dvc repro` runs the update stage, and returns when the "
+                                      "update ends. Run it in the same checkout and params.yaml as node 0, on a "
+                                      "shared filesystem; once per round (README, 'Multi-node updates').")
+    node.add_argument("--round", required=True, help="round name, e.g. r3")
+    node.add_argument("--node-rank", type=int, required=True, help="this machine's node rank, 1..update.nnodes-1")
+    node.set_defaults(run=_update_node)
     check = sub.add_parser("check-expectations", help="check the expected-value claims on an exact environment",
                            description="Check each preset's expected-value claim (unbiased, scaled by (M-1)/M, by about "
                                        "1/sigma, weighted by w(p)) on a tabular environment where the exact policy "

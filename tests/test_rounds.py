@@ -7,6 +7,7 @@ optimizer state carried into the next round, and that critic-free presets never 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -49,9 +50,11 @@ def workspace(tmp_path_factory):
     os.chdir(old)
 
 
-def run_round(root: Path, params, monkeypatch, name: str | None = None) -> Path:
+def run_round(root: Path, params, monkeypatch, name: str | None = None,
+              before_update: Callable[[Path], None] | None = None) -> Path:
     """Run round r1 of `params` in a fresh copy of the workspace (`name`, default the preset); returns
-    that copy. The params are also written to its params.yaml, which torchrun's ranks read."""
+    that copy. The params are also written to its params.yaml, which torchrun's ranks read.
+    `before_update(copy)` runs just before the update stage (to start another node)."""
     import shutil
 
     from rlpipe.runner import execute
@@ -62,8 +65,11 @@ def run_round(root: Path, params, monkeypatch, name: str | None = None) -> Path:
     (work / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
     monkeypatch.chdir(work)
     execute("value_pretrain", params)  # each stage seeds torch, as each stage process does
-    for stage in ("rollout", "reward", "advantage", "update"):
+    for stage in ("rollout", "reward", "advantage"):
         execute(stage, params, "r1")
+    if before_update is not None:
+        before_update(work)
+    execute("update", params, "r1")
     return work
 
 
@@ -137,15 +143,22 @@ def test_critic_free_presets_never_load_a_value_model(workspace, monkeypatch):
     assert len(loads) >= 3  # pretraining, values in advantage, the critic update
 
 
-def test_torchrun_update_of_policy_and_critic_matches_one_process(workspace, monkeypatch):
-    """update.nproc = 2 through the stage's torchrun launch: both ranks train policy and critic, rank 0
-    writes both with their optimizer states, and the weights equal the single process's up to float
-    summation order."""
+PARALLEL_BASE = {"algorithm.preset": "ppo", "runtime.torch_threads": 2}
+"""The round the parallel updates are compared on: PPO, so that the critic trains on the ranks too."""
+
+
+@pytest.fixture(scope="module")
+def ppo_one_process(workspace):
+    """Round r1 of PARALLEL_BASE with the update in this process: what every parallel update must give."""
+    with pytest.MonkeyPatch.context() as patch:
+        return run_round(workspace, mini_params(**PARALLEL_BASE), patch, name="ppo-nproc1")
+
+
+def assert_same_round(one: Path, two: Path) -> None:
+    """Policy and critic with their optimizer states, and the weights equal the single process's up to
+    float summation order."""
     from safetensors.torch import load_file
 
-    base = {"algorithm.preset": "ppo", "runtime.torch_threads": 2}
-    one = run_round(workspace, mini_params(**base), monkeypatch, name="ppo-nproc1")
-    two = run_round(workspace, mini_params(**base, **{"update.nproc": 2}), monkeypatch, name="ppo-nproc2")
     for directory, optimizer in ((paths.policy_dir("r1"), "optimizer.pt"),
                                  (paths.critic_dir("r1"), "critic_optimizer.pt")):
         assert (two / directory / optimizer).is_file()
@@ -157,3 +170,44 @@ def test_torchrun_update_of_policy_and_critic_matches_one_process(workspace, mon
     state_one = json.loads((one / paths.critic_dir("r1") / paths.TRAINER_STATE).read_text())
     state_two = json.loads((two / paths.critic_dir("r1") / paths.TRAINER_STATE).read_text())
     assert state_two["value/value_loss_mean"] == pytest.approx(state_one["value/value_loss_mean"], rel=1e-4)
+
+
+def test_torchrun_update_of_policy_and_critic_matches_one_process(workspace, ppo_one_process, monkeypatch):
+    """update.nproc = 2 through the stage's torchrun launch: both ranks train policy and critic, rank 0
+    writes both."""
+    two = run_round(workspace, mini_params(**PARALLEL_BASE, **{"update.nproc": 2}), monkeypatch, name="ppo-nproc2")
+    assert_same_round(ppo_one_process, two)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_node_update_matches_one_process(workspace, ppo_one_process, monkeypatch):
+    """update.nnodes = 2 on one machine: node 0 is the stage's torchrun launch (with update.nproc 1, which
+    alone would train in process), node 1 is `rlpipe update-node`, started first as on a real second
+    machine; one process each, meeting at a free port of 127.0.0.1. Node 0 holds rank 0, so the round's
+    checkpoints are written (and its metrics reach the stage), equal to the single process's."""
+    import subprocess
+    import sys
+
+    params = mini_params(**PARALLEL_BASE, **{"update.nnodes": 2, "update.rdzv_endpoint": f"127.0.0.1:{free_port()}",
+                                             "update.rdzv_timeout": 120})
+    nodes: list[subprocess.Popen] = []
+
+    def start_node_1(work: Path) -> None:
+        command = [str(Path(sys.executable).parent / "rlpipe"), "update-node", "--round", "r1", "--node-rank", "1"]
+        nodes.append(subprocess.Popen(command, cwd=work))
+
+    try:
+        two = run_round(workspace, params, monkeypatch, name="ppo-2nodes", before_update=start_node_1)
+        assert nodes[0].wait(timeout=120) == 0
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert_same_round(ppo_one_process, two)

@@ -1,7 +1,8 @@
 """update@rK: PPO-style optimisation of the policy (and the critic) on the round's batch.
 
-One process, or `update.nproc` processes under torchrun (`rlpipe.train.torchrun`). The policy and
-the critic are one stage's outputs: a failed critic update removes the new policy as well.
+One process, or `update.nproc` processes on each of `update.nnodes` nodes under torchrun
+(`rlpipe.train.torchrun`), launched from here (a stage process or the warm worker) as node 0. The policy
+and the critic are one stage's outputs: a failed critic update removes the new policy as well.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def update(ctx) -> dict:
     check_compatible({"policy": paths.policy_dir(prev), "critic": paths.critic_dir(prev)})
     ctx.models.release_accelerator()  # the warm worker's rollout engine sleeps while the trainer runs
     try:
-        if params.update.nproc == 1:
+        if params.update.world_size == 1:  # several nodes go through torchrun even with nproc 1
             metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
                                     paths.policy_dir(round_name), ctx.tracker, models=ctx.models)
             metrics.pop("step_metrics")
