@@ -5,6 +5,7 @@
   rlpipe prune --keep K [--remote R]  drop all but the latest K rounds' checkpoints (pushed to R first)
   rlpipe compare [--round rK]          every preset's token coefficients on one round's cached batch
   rlpipe update-node --round rK --node-rank K   node K of round K's multi-node update (update.nnodes)
+  rlpipe merge-lora runs/policy/rK OUT     a LoRA round merged into its base, as a plain checkpoint
   rlpipe check-expectations            the seed's expected-value claims on an exact tabular environment
 """
 

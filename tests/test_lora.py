@@ -50,6 +50,8 @@ def test_config_names_the_bad_key():
         params_from_dict({"model": {"lora": {"rank": -1}}})
     with pytest.raises(ParamsError, match=r"model\.lora\.dropout"):
         params_from_dict({"model": {"lora": {"dropout": 1.0}}})
+    with pytest.raises(ParamsError, match=r"model\.lora\.rank: LoRA trains under update.strategy 'ddp'"):
+        params_from_dict({"model": {"lora": {"rank": 4}}, "update": {"nproc": 2, "strategy": "fsdp2"}})
 
 
 def test_fresh_adapters_start_at_the_base_and_only_they_train(tiny_model, tmp_path):

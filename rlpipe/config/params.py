@@ -79,6 +79,10 @@ class Params(Section):
                                                       f"{per_round} steps (fewer if dynamic sampling drops groups)")
         if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
             raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
+        if self.model.lora.rank > 0 and self.update.strategy == "fsdp2":
+            # peft saves its adapters from the live parameters, which FSDP2 holds as shards (DTensors)
+            raise KeyedError("model.lora.rank", "LoRA trains under update.strategy 'ddp' (the adapters are small; "
+                                                "the base is frozen), not 'fsdp2'")
         self._warn_if_answers_truncated()
         return self
 
