@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import table
-from rlpipe.config import RolloutConfig, TinyModelConfig
+from rlpipe.config import RolloutConfig, RolloutVLLMConfig, TinyModelConfig
 from rlpipe.models.policy import build_tiny_model, save_policy
 from rlpipe.data.prompts import encode_prompts
 from rlpipe.rollout.base import GenerationRows, SamplingSpec
@@ -31,7 +31,7 @@ from rlpipe.models.tokenizer import build_char_tokenizer
 SAMPLES, BATCH = 8, 2048
 
 
-def run(prompts: int = 256, repeats: int = 3, engine_kwargs: dict | None = None) -> str:
+def run(prompts: int = 256, repeats: int = 3, settings: RolloutVLLMConfig | None = None) -> str:
     from rlpipe.rollout.vllm import VLLMBackend
 
     torch.set_num_threads(2)
@@ -46,8 +46,8 @@ def run(prompts: int = 256, repeats: int = 3, engine_kwargs: dict | None = None)
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         save_policy(model, tokenizer, Path(tmp))
-        cfg = RolloutConfig(backend="vllm", batch_size=BATCH, temperature=1.0)
-        engine = VLLMBackend(tmp, tokenizer, cfg, dtype="float32", **(engine_kwargs or {}))
+        cfg = RolloutConfig(backend="vllm", batch_size=BATCH, temperature=1.0, vllm=settings or RolloutVLLMConfig())
+        engine = VLLMBackend(tmp, tokenizer, cfg, dtype="float32")
         hf = HFBackend(model, tokenizer, BATCH)
         for max_new in (6, 48):
             rows = GenerationRows(rows_ids, prompt_uniforms(0, "bench", ids, SAMPLES, max_new), greedy, seeds)
@@ -79,12 +79,10 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (CPU default 256)")
     parser.add_argument("--eager", action="store_true", help="vLLM enforce_eager (no torch.compile)")
     args = parser.parse_args()
-    kwargs = {}
+    settings = {}
     if args.max_num_seqs:
-        kwargs.update(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max(4096, args.max_num_seqs))
-    if args.eager:
-        kwargs["enforce_eager"] = True
-    print(run(args.prompts, args.repeats, kwargs), flush=True)
+        settings.update(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max(4096, args.max_num_seqs))
+    print(run(args.prompts, args.repeats, RolloutVLLMConfig(enforce_eager=args.eager, **settings)), flush=True)
 
 
 if __name__ == "__main__":

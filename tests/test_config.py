@@ -48,6 +48,14 @@ def test_every_shipped_params_file_validates():
         ({"update": {"rdzv_endpoint": "::1:29500"}}, "update.rdzv_endpoint"),
         ({"update": {"nnodes": 0}}, "update.nnodes"),
         ({"update": {"nnodes": 2, "rdzv_endpoint": "10.0.0.1:29500", "rdzv_timeout": 0}}, "update.rdzv_timeout"),
+        ({"rollout": {"vllm": {"tensor_parallel_size": 0}}}, "rollout.vllm.tensor_parallel_size"),
+        ({"rollout": {"vllm": {"gpu_memory_utilization": 0}}}, "rollout.vllm.gpu_memory_utilization"),
+        ({"rollout": {"vllm": {"gpu_memory_utilization": 1.5}}}, "rollout.vllm.gpu_memory_utilization"),
+        ({"rollout": {"vllm": {"max_num_seqs": 0}}}, "rollout.vllm.max_num_seqs"),
+        ({"rollout": {"vllm": {"cpu_offload_gb": -1}}}, "rollout.vllm.cpu_offload_gb"),
+        ({"rollout": {"vllm": {"enforce_eager": "sometimes"}}}, "rollout.vllm.enforce_eager"),
+        ({"rollout": {"vllm": {"swap_space": 4}}}, "rollout.vllm.swap_space"),  # gone from vLLM 0.32
+        ({"rollout": {"max_new_tokens": 64, "vllm": {"max_model_len": 64}}}, "rollout.vllm.max_model_len"),
     ],
 )
 def test_bad_params_name_the_key(patch, key):
@@ -60,6 +68,18 @@ def test_bad_params_name_the_key(patch, key):
 def test_a_multi_node_update_takes_host_port(endpoint):
     update = params_from_dict({"update": {"nnodes": 3, "nproc": 2, "rdzv_endpoint": endpoint}}).update
     assert update.world_size == 6 and update.rdzv_endpoint == endpoint
+def test_vllm_engine_settings_default_to_vllm_and_pass_with_either_backend():
+    from rlpipe.config import RolloutVLLMConfig
+
+    params = load_params(REPO / "params.yaml")
+    assert params.rollout.vllm == RolloutVLLMConfig()  # every setting vLLM's own default
+    assert params.rollout.vllm.tensor_parallel_size == 1 and params.rollout.vllm.max_model_len is None
+    settings = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "max_model_len": 7, "enforce_eager": True,
+                "enable_prefix_caching": False, "max_num_seqs": 64, "max_num_batched_tokens": 4096,
+                "cpu_offload_gb": 0, "enable_sleep_mode": False}
+    for backend in ("vllm", "hf"):  # kept under hf, so that switching backend is one edit
+        params = params_from_dict({"rollout": {"backend": backend, "max_new_tokens": 6, "vllm": settings}})
+        assert params.rollout.vllm.model_dump() == settings
 
 
 def test_truncating_max_new_tokens_warns_with_the_key():
@@ -108,6 +128,8 @@ def test_the_params_reference_is_current():
     ({"algorithm": {"kl_bta": 0.1}}, "algorithm.kl_bta: unknown key; did you mean algorithm.kl_beta?"),
     ({"evl": {}}, "evl: unknown key; did you mean eval?"),
     ({"rollout": {"zzz": 1}}, "rollout.zzz: unknown key\n"),
+    ({"rollout": {"vllm": {"max_model_length": 64}}},
+     "rollout.vllm.max_model_length: unknown key; did you mean rollout.vllm.max_model_len?"),
 ])
 def test_an_unknown_key_names_the_nearest_valid_one(patch, message):
     with pytest.raises(ParamsError) as err:

@@ -13,14 +13,17 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from rlpipe.config import RolloutConfig
+from rlpipe.config import RolloutConfig, RolloutVLLMConfig
 from rlpipe.rollout.base import GenerationRows, SamplingSpec
 from rlpipe.rollout.vllm import (
     NO_TOP_K,
     VLLMBackend,
     VLLMSettingsError,
     build_requests,
+    check_platform,
     checkpoint_dtype,
+    engine_arguments,
+    engine_settings,
     logprobs_exact,
     logprobs_mode,
     set_cpu_env,
@@ -190,3 +193,56 @@ def test_checkpoint_dtype_and_cpu_env(tmp_path):
     env = {}
     set_cpu_env(env)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_engine_arguments_pass_only_the_settings_given():
+    assert engine_arguments(RolloutVLLMConfig()) == {"tensor_parallel_size": 1, "enforce_eager": False}
+    settings = RolloutVLLMConfig(max_model_len=48, enable_prefix_caching=False, gpu_memory_utilization=0.5,
+                                 enable_sleep_mode=True)
+    assert engine_arguments(settings) == {"tensor_parallel_size": 1, "enforce_eager": False, "max_model_len": 48,
+                                          "enable_prefix_caching": False, "gpu_memory_utilization": 0.5}
+
+
+def test_a_changed_engine_setting_asks_for_a_new_engine(tmp_path):
+    cfg = RolloutConfig(backend="vllm")
+    same = cfg.model_copy(update={"prompts_per_round": 8, "batch_size": 64})  # not the engine's business
+    assert engine_settings(same, "float32") == engine_settings(cfg, "float32")
+    for change in ({"max_model_len": 48}, {"enforce_eager": True}, {"max_num_seqs": 8}, {"tensor_parallel_size": 2}):
+        other = cfg.model_copy(update={"vllm": RolloutVLLMConfig(**change)})
+        assert engine_settings(other, "float32") != engine_settings(cfg, "float32"), change
+
+
+@dataclass
+class FakePlatform:
+    cpu: bool = False
+    cuda: bool = False
+    sleep: bool = False
+
+    def is_cpu(self):
+        return self.cpu
+
+    def is_cuda_alike(self):
+        return self.cuda
+
+    def is_sleep_mode_available(self):
+        return self.sleep
+
+
+def test_settings_this_machine_cannot_run_name_the_key(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    cpu, gpu = FakePlatform(cpu=True), FakePlatform(cuda=True, sleep=True)
+    tp2 = RolloutVLLMConfig(tensor_parallel_size=2)
+    # vLLM binds each CPU rank to its own NUMA node: on one node its engine process dies with an assertion
+    with pytest.raises(VLLMSettingsError, match=r"^rollout.vllm.tensor_parallel_size: 2 ranks on CPU need one NUMA"):
+        check_platform(tp2, cpu, numa_nodes=[0])
+    check_platform(tp2, cpu, numa_nodes=[0, 1])
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # bound by hand: vLLM's business
+    check_platform(tp2, cpu, numa_nodes=[0])
+    with pytest.raises(VLLMSettingsError, match=r"^rollout.vllm.tensor_parallel_size: 2 GPUs asked for, 1 visible"):
+        check_platform(tp2, gpu, gpus=1)
+    check_platform(tp2, gpu, gpus=2)
+    with pytest.raises(VLLMSettingsError, match=r"^rollout.vllm.enable_sleep_mode: "):
+        check_platform(RolloutVLLMConfig(enable_sleep_mode=True), cpu)
+    check_platform(RolloutVLLMConfig(enable_sleep_mode=True), gpu)
+    check_platform(RolloutVLLMConfig(), cpu)  # null: off where vLLM has no sleep mode
+

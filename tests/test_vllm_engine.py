@@ -161,18 +161,18 @@ SCRIPT = """
 import json, sys
 import torch
 from transformers import AutoTokenizer
-from rlpipe.config import RolloutConfig
+from rlpipe.config import RolloutConfig, RolloutVLLMConfig
 from rlpipe.rollout.base import GenerationRows, SamplingSpec
 from rlpipe.rollout.vllm import VLLMBackend
 
 if __name__ == "__main__":
     policy, prompts_file, out_file = sys.argv[1:4]
     prompt_ids = json.load(open(prompts_file))
-    cfg = RolloutConfig(backend="vllm", temperature=0.7, max_new_tokens=6, samples_per_prompt=4)
     # 64 tokens a step: with chunked prefill, prompts would be split over steps, which kills vLLM 0.32's
     # CPU engine for seeded requests; the backend turns it off on CPU.
-    backend = VLLMBackend(policy, AutoTokenizer.from_pretrained(policy), cfg, dtype="float32",
-                          max_num_seqs=64, max_num_batched_tokens=64)
+    cfg = RolloutConfig(backend="vllm", temperature=0.7, max_new_tokens=6, samples_per_prompt=4,
+                        vllm=RolloutVLLMConfig(max_num_seqs=64, max_num_batched_tokens=64))
+    backend = VLLMBackend(policy, AutoTokenizer.from_pretrained(policy), cfg, dtype="float32")
     rows = [p for p in prompt_ids for _ in range(4)]
     seeds = [1000 + i for i in range(len(prompt_ids)) for _ in range(4)]
     out = backend.generate(GenerationRows(rows, torch.zeros(len(rows), 6), torch.zeros(len(rows), dtype=torch.bool),
@@ -294,3 +294,85 @@ def test_update_with_the_rollout_correction_on_vllm_rollouts(project, tmp_path, 
             assert not any(k.startswith("update/rollout_correction") for k in metrics)
     for name, tensor in trained["none"].items():
         assert torch.allclose(tensor, trained["tis"][name], atol=1e-5), name
+
+
+SETTINGS_SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch
+from rlpipe.config import RolloutConfig, RolloutVLLMConfig
+from rlpipe.models.store import ModelStore
+from rlpipe.rollout import rollout_backend
+from rlpipe.rollout.base import GenerationRows, SamplingSpec
+
+def engine_config(backend):
+    config = backend.llm.llm_engine.vllm_config
+    return {"max_model_len": config.model_config.max_model_len, "enforce_eager": config.model_config.enforce_eager,
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "enable_prefix_caching": config.cache_config.enable_prefix_caching,
+            "enable_chunked_prefill": config.scheduler_config.enable_chunked_prefill}
+
+if __name__ == "__main__":
+    policy, out_file = Path(sys.argv[1]), sys.argv[2]
+    models = ModelStore()
+    settings = RolloutVLLMConfig(max_model_len=48, enforce_eager=True, max_num_seqs=16, enable_prefix_caching=False)
+    cfg = RolloutConfig(backend="vllm", max_new_tokens=6, vllm=settings)
+    engine = rollout_backend(models, policy, cfg, "float32")
+    engine.marker = "first"
+    seen = {"first": engine_config(engine)}
+    # settings that are not the engine's (prompts, batch size) keep it; an engine setting rebuilds it
+    other = cfg.model_copy(update={"prompts_per_round": 8, "batch_size": 64})
+    engine = rollout_backend(models, policy, other, "float32")
+    seen["kept"] = getattr(engine, "marker", None) == "first"
+    del engine
+    changed = cfg.model_copy(update={"vllm": settings.model_copy(update={"max_num_seqs": 8})})
+    engine = rollout_backend(models, policy, changed, "float32")
+    seen["rebuilt"] = getattr(engine, "marker", None) is None and models.engine is engine
+    seen["second"] = engine_config(engine)
+    rows = GenerationRows([[1, 5, 6, 7]] * 4, torch.zeros(4, 6), torch.zeros(4, dtype=torch.bool), [11] * 4)
+    seen["lengths"] = [len(r) for r in engine.generate(rows, SamplingSpec(6, 1.0, 0, 1.0)).response_ids]
+    json.dump(seen, open(out_file, "w"))
+"""
+
+
+def test_engine_settings_reach_the_engine_and_a_change_rebuilds_it(tmp_path):
+    """rollout.vllm's settings are the engine's (read back from its vllm_config), and the resident engine
+    is kept across calls until one of them changes. Needs no pipeline: a random tiny checkpoint."""
+    from rlpipe.config import TinyModelConfig
+    from rlpipe.models.policy import build_tiny_model, save_policy
+    from rlpipe.models.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    shape = TinyModelConfig(layers=2, hidden=32, heads=1, intermediate=64, max_positions=64)  # head_dim 32
+    save_policy(build_tiny_model(shape, tokenizer, 0), tokenizer, tmp_path / "policy")
+    (tmp_path / "settings.py").write_text(SETTINGS_SCRIPT)
+    run = subprocess.run([sys.executable, str(tmp_path / "settings.py"), str(tmp_path / "policy"),
+                          str(tmp_path / "out.json")], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "RLPIPE_PROGRESS": "0"})
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    expected = {"max_model_len": 48, "enforce_eager": True, "enable_prefix_caching": False,
+                "enable_chunked_prefill": False}  # chunked prefill: off on CPU whatever the settings
+    assert out["first"] == {**expected, "max_num_seqs": 16}
+    assert out["kept"] and out["rebuilt"]
+    assert out["second"] == {**expected, "max_num_seqs": 8}
+    assert len(out["lengths"]) == 4 and all(1 <= n <= 6 for n in out["lengths"])
+
+
+def test_more_cpu_ranks_than_numa_nodes_stop_before_the_engine_starts(tmp_path, monkeypatch):
+    """Without the check, vLLM's engine process dies on an assertion ("Not enough allowed NUMA nodes")."""
+    from vllm.platforms import current_platform
+    from vllm.utils.cpu_resource_utils import get_visible_memory_node
+
+    from rlpipe.config import RolloutConfig, RolloutVLLMConfig
+    from rlpipe.models.tokenizer import build_char_tokenizer
+    from rlpipe.rollout.vllm import VLLMBackend, VLLMSettingsError
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU engine's check")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # what the backend would set in this process
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    ranks = len(get_visible_memory_node()) + 1
+    cfg = RolloutConfig(backend="vllm", vllm=RolloutVLLMConfig(tensor_parallel_size=ranks))
+    with pytest.raises(VLLMSettingsError, match=rf"^rollout.vllm.tensor_parallel_size: {ranks} ranks on CPU"):
+        VLLMBackend(str(tmp_path), build_char_tokenizer(), cfg)

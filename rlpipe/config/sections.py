@@ -180,6 +180,45 @@ class ModelConfig(Section):
 
 
 # ----------------------------------------------------------------------------------------------
+class RolloutVLLMConfig(Section):
+    """Settings of the vLLM engine, used where `rollout.backend` is vllm: by every stage that generates
+    (rollout, value_pretrain, evaluate). Each goes to `vllm.LLM` under its vLLM 0.32 name; null = vLLM's
+    own default. With the hf backend they are ignored (kept, so that switching backend is one edit).
+    Changing one starts a new engine (the warm worker's resident engine is rebuilt), and, like any
+    `rollout` key, reruns the stages that read the section."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one engine shards the policy over (the attention heads must divide evenly). Checked when the
+    engine starts: at most the GPUs present; on CPU, vLLM binds each rank to its own NUMA node."""
+    gpu_memory_utilization: Optional[float] = Field(None, gt=0, le=1)
+    """Fraction of each GPU's memory the engine may take (weights, activations, KV cache); null = vLLM's
+    default (0.92 in 0.32). Lower it when the trainer's models share the GPU. On CPU the KV cache is
+    VLLM_CPU_KVCACHE_SPACE GiB instead (rlpipe's default 1)."""
+    max_model_len: Optional[int] = Field(None, ge=1)
+    """Longest sequence (prompt + response) the engine holds; null = the model's context length. Must
+    exceed rollout.max_new_tokens. A response stops early (finish reason `length`) where prompt and
+    response reach it; a prompt of this many tokens or more fails at generation."""
+    enforce_eager: bool = False
+    """Run the model eagerly: no CUDA graphs or torch.compile, so a faster engine start and less memory,
+    for slower generation."""
+    enable_prefix_caching: Optional[bool] = None
+    """Reuse the KV blocks of a prompt shared by requests (a group's M samples); null = vLLM's default
+    (on). The cache is dropped whenever new weights are loaded."""
+    max_num_seqs: Optional[int] = Field(None, ge=1)
+    """Most sequences in one engine step (a prompt's M samples count M); null = vLLM's default."""
+    max_num_batched_tokens: Optional[int] = Field(None, ge=1)
+    """Most tokens in one engine step; null = vLLM's default. On CPU rlpipe turns chunked prefill off, so a
+    whole prompt must fit in one step: vLLM then needs it >= max_model_len."""
+    cpu_offload_gb: Optional[float] = Field(None, ge=0)
+    """GiB of each GPU's share of the weights kept in CPU memory and streamed in at every forward pass: a
+    model bigger than the GPU, slowly; null = vLLM's 0. vLLM 0.32 has no `swap_space` (the CPU swap of
+    preempted sequences left with the V0 engine; V1 recomputes a preempted request)."""
+    enable_sleep_mode: Optional[bool] = None
+    """Free the engine's GPU memory (weights and KV cache, sleep level 2) while the update runs, and reload
+    the next checkpoint on waking; null = on with CUDA, off elsewhere. vLLM supports it on CUDA and ROCm
+    only: true on CPU stops when the engine starts, naming this key."""
+
+
 class RolloutConfig(Section):
     backend: RolloutBackendName = "hf"
     """`hf`: transformers generate (CPU or GPU). `vllm`: the vLLM engine (optional extra)."""
@@ -201,6 +240,18 @@ class RolloutConfig(Section):
     """Sequences per generate call."""
     recompute_old_logprobs: Literal["auto", "always", "never"] = "auto"
     """`auto` recomputes pi_old with the trainer whenever the rollout engine is not the trainer's (vllm)."""
+    vllm: RolloutVLLMConfig = RolloutVLLMConfig()
+    """The vLLM engine's settings (`backend: vllm`)."""
+
+    @model_validator(mode="after")
+    def _engine_fits_a_response(self) -> "RolloutConfig":
+        # The prompt's length is known only at generation; a response of max_new_tokens after a prompt of
+        # at least one token is known now.
+        if self.vllm.max_model_len is not None and self.vllm.max_model_len <= self.max_new_tokens:
+            raise KeyedError("rollout.vllm.max_model_len",
+                             f"must exceed rollout.max_new_tokens = {self.max_new_tokens} (a prompt plus the "
+                             f"response); got {self.vllm.max_model_len}")
+        return self
 
 
 class RewardConfig(Section):

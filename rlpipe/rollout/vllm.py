@@ -41,8 +41,9 @@ checkpoint of the same model into it in place: `llm.collective_rpc("reload_polic
 tied lm_head it misses on CPU), then `llm.reset_prefix_cache()` drops every KV block computed with the
 old weights. The reloaded engine gives the same tokens and logprobs as a fresh engine on the checkpoint
 (tests/test_vllm_engine.py). An engine is rebuilt only when `engine_settings` (logprobs mode, dtype,
-the model's config and tokenizer) change. vLLM's sleep mode, which frees the engine's GPU memory while
-the trainer runs, is not supported on CPU (`enable_sleep_mode` raises there).
+the model's config and tokenizer, the `rollout.vllm` settings) change. vLLM's sleep mode, which frees
+the engine's GPU memory while the trainer runs, is not supported on CPU (`rollout.vllm.enable_sleep_mode:
+true` stops there before the engine starts).
 """
 
 from __future__ import annotations
@@ -211,10 +212,45 @@ def set_cpu_env(environ=os.environ) -> None:
         environ.setdefault(key, value)
 
 
+def engine_arguments(settings) -> dict[str, Any]:
+    """`rollout.vllm` (a RolloutVLLMConfig) as `LLM` keyword arguments: the keys set, so that a null keeps
+    vLLM's own default. enable_sleep_mode is left to `VLLMBackend`, which resolves null by platform."""
+    return {key: value for key, value in settings.model_dump().items()
+            if value is not None and key != "enable_sleep_mode"}
+
+
+def check_platform(settings, platform, numa_nodes: list[int] | None = None, gpus: int | None = None) -> None:
+    """Stop, naming the key, on settings this machine cannot run, which validation cannot know: vLLM
+    would fail later, inside its engine process. `platform` is vLLM's `current_platform`; `numa_nodes`
+    the NUMA nodes this process may use (vLLM's list when None); `gpus` the GPUs visible (torch's count)."""
+    tp = settings.tensor_parallel_size
+    if tp > 1 and platform.is_cpu() and os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
+        if numa_nodes is None:
+            from vllm.utils.cpu_resource_utils import get_visible_memory_node
+
+            numa_nodes = get_visible_memory_node()
+        if tp > len(numa_nodes):
+            raise VLLMSettingsError(
+                f"rollout.vllm.tensor_parallel_size: {tp} ranks on CPU need one NUMA node each (vLLM binds each "
+                f"rank's threads to its own node); this machine allows {len(numa_nodes)} ({numa_nodes}). Set it "
+                f"to 1, or bind the threads by hand with VLLM_CPU_OMP_THREADS_BIND")
+    elif tp > 1 and platform.is_cuda_alike():
+        if gpus is None:
+            import torch
+
+            gpus = torch.cuda.device_count()
+        if tp > gpus:
+            raise VLLMSettingsError(f"rollout.vllm.tensor_parallel_size: {tp} GPUs asked for, {gpus} visible")
+    if settings.enable_sleep_mode and not platform.is_sleep_mode_available():
+        raise VLLMSettingsError("rollout.vllm.enable_sleep_mode: vLLM's sleep mode needs CUDA or ROCm; set it to "
+                                "null (on where it is available) or false")
+
+
 # ---------------------------------------------------------------------------------------------------
 def engine_settings(cfg, dtype: str | None, model_path: str | Path | None = None) -> tuple:
     """What an engine is built with apart from its weights: when any of it changes, a new engine is needed.
-    `model_path` adds the model's architecture and tokenizer (every round's checkpoint shares them)."""
+    `model_path` adds the model's architecture and tokenizer (every round's checkpoint shares them), and
+    `cfg.vllm` the engine's own settings."""
     spec = SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
     shape = None
     if model_path is not None:
@@ -224,17 +260,17 @@ def engine_settings(cfg, dtype: str | None, model_path: str | Path | None = None
 
         files = [weights_dir(model_path) / "config.json", Path(model_path) / "tokenizer.json"]
         shape = hashlib.sha256(b"".join(path.read_bytes() for path in files if path.is_file())).hexdigest()
-    return logprobs_mode(spec), dtype, cfg.recompute_old_logprobs, shape
+    return logprobs_mode(spec), dtype, cfg.recompute_old_logprobs, shape, cfg.vllm
 
 
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, model_path: str, tokenizer, cfg, dtype: str | None = None, seed: int = 0,
-                 **engine_kwargs):
+    def __init__(self, model_path: str, tokenizer, cfg, dtype: str | None = None, seed: int = 0):
         """The engine on `model_path` (tokenizer from the same directory), float32 unless `dtype`
-        (e.g. params' model.dtype) or the checkpoint says otherwise; `engine_kwargs` go to `LLM`. A LoRA
-        checkpoint starts the engine on its base, then loads its merged weights in place."""
+        (e.g. params' model.dtype) or the checkpoint says otherwise, with the settings of `cfg.vllm`. They
+        come from the config only, so that `engine_settings` sees every one. A LoRA checkpoint starts the
+        engine on its base, then loads its merged weights in place."""
         from rlpipe.models.lora import adapter_base
         from rlpipe.models.store import checkpoint_identity
 
@@ -258,14 +294,17 @@ class VLLMBackend:
         from vllm import LLM  # noqa: PLC0415 (optional dependency)
         from vllm.platforms import current_platform
 
+        check_platform(cfg.vllm, current_platform)
+        engine_kwargs = engine_arguments(cfg.vllm)
         if current_platform.is_cpu():
             # vLLM 0.32 on CPU: a seeded request whose prefill is split over steps (chunked prefill, e.g.
             # more prompt tokens at once than max_num_batched_tokens) kills the engine ("CPU Generator
             # does not use offset": the token-discard rewind assumes a CUDA generator).
-            engine_kwargs.setdefault("enable_chunked_prefill", False)
+            engine_kwargs["enable_chunked_prefill"] = False
         # On a GPU the engine can release its memory while the trainer runs (colocation, as verl's
-        # hybrid engine); vLLM supports it on CUDA only, and raises elsewhere.
-        self.sleep_mode = engine_kwargs.setdefault("enable_sleep_mode", current_platform.is_cuda())
+        # hybrid engine); null turns it on where vLLM has it on CUDA (ROCm: only some GPUs have it).
+        sleep = cfg.vllm.enable_sleep_mode
+        self.sleep_mode = engine_kwargs["enable_sleep_mode"] = current_platform.is_cuda() if sleep is None else sleep
         self.asleep = False
         started = time.perf_counter()
         self.llm = LLM(
