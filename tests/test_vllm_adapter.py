@@ -246,3 +246,17 @@ def test_settings_this_machine_cannot_run_name_the_key(monkeypatch):
     check_platform(RolloutVLLMConfig(enable_sleep_mode=True), gpu)
     check_platform(RolloutVLLMConfig(), cpu)  # null: off where vLLM has no sleep mode
 
+
+def test_eval_generates_at_its_own_temperature_on_the_configured_engine():
+    """evaluate samples at eval.temperature through rollout.backend; the engine's logprobs mode must be that
+    temperature's, else `generate` refuses the spec. At the rollout's temperature one engine serves both."""
+    from rlpipe.config import params_from_dict
+    from rlpipe.stages.evaluate import eval_rollout_config
+
+    rollout = {"backend": "vllm", "temperature": 1.0, "vllm": {"max_model_len": 48, "enforce_eager": True}}
+    params = params_from_dict({"rollout": rollout, "eval": {"temperature": 0.7}})
+    cfg = eval_rollout_config(params)
+    assert cfg.backend == "vllm" and cfg.vllm == params.rollout.vllm and cfg.temperature == 0.7
+    assert engine_settings(cfg, "float32")[0] == logprobs_mode(SamplingSpec(6, 0.7, 0, 1.0)) == "processed_logprobs"
+    params = params_from_dict({"rollout": rollout, "eval": {"temperature": 1.0}})
+    assert engine_settings(eval_rollout_config(params), "float32") == engine_settings(params.rollout, "float32")

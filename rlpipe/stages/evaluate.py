@@ -3,7 +3,8 @@
 Both the initial (r0) and the final policy are scored on the same prompts with the same per-prompt
 seeds, so the two are a paired comparison. With `eval.curve`, every round's checkpoint is also scored
 greedily, which gives the learning curve (alongside the rollout accuracy each round trained on).
-Generation goes through the configured rollout backend, as in the rollout stage.
+Generation goes through the configured rollout backend (`rollout.backend`, with `rollout.vllm` for vLLM),
+as in the rollout stage, at `eval.temperature`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from rlpipe import paths
 from rlpipe.atomic import atomic_write_text
-from rlpipe.config import Params
+from rlpipe.config import Params, RolloutConfig
 from rlpipe.data.splits import read_prompts
 from rlpipe.rewards import verify
 from rlpipe.rollout import rollout_backend
@@ -39,6 +40,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_rollout_config(params: Params) -> RolloutConfig:
+    """The rollout settings evaluation generates with: the backend's, at eval.temperature. A vLLM engine's
+    logprobs mode follows its temperature (raw at 1, processed otherwise), so an eval at a temperature
+    on the other side of 1 from the rollout's needs an engine of its own, which this asks for."""
+    return params.rollout.model_copy(update={"temperature": params.eval.temperature})
 
 
 class Evaluator:
@@ -113,7 +121,7 @@ def evaluate_policies(params: Params, test_path: Path, out_path: Path = paths.EV
         is_endpoint = name in ("r0", params.final_round)
         if not (is_endpoint or params.eval.curve):
             continue
-        backend = rollout_backend(models, paths.policy_dir(name), params.rollout, params.model.dtype)
+        backend = rollout_backend(models, paths.policy_dir(name), eval_rollout_config(params), params.model.dtype)
         point: dict[str, float] = {"round": paths.round_index(name), "pass@1": evaluator.greedy_pass_at_1(backend, name)}
         if is_endpoint:
             results[name] = {"pass@1": point["pass@1"], **evaluator.sampled(backend, name)}
