@@ -211,3 +211,20 @@ def test_two_node_update_matches_one_process(workspace, ppo_one_process, monkeyp
             if node.poll() is None:
                 node.kill()
     assert_same_round(ppo_one_process, two)
+
+
+@pytest.mark.slow
+def test_torchrun_update_with_lora_matches_one_process(workspace, monkeypatch):
+    """model.lora under DDP (update.nproc = 2): the ranks attach the same seeded adapters, and rank 0
+    writes adapters equal to the single process's up to float summation order."""
+    from safetensors.torch import load_file
+
+    lora = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    base = {"algorithm.preset": "grpo", "runtime.torch_threads": 2, "model.lora": lora, "update.lr": 0.003}
+    one = run_round(workspace, mini_params(**base), monkeypatch, name="lora-nproc1")
+    two = run_round(workspace, mini_params(**base, **{"update.nproc": 2}), monkeypatch, name="lora-nproc2")
+    a = load_file(one / paths.policy_dir("r1") / "adapter_model.safetensors")
+    b = load_file(two / paths.policy_dir("r1") / "adapter_model.safetensors")
+    assert sorted(a) == sorted(b) and any(bool(t.abs().sum() > 0) for k, t in a.items() if "lora_B" in k)
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, f"adapters differ by {worst}"
