@@ -42,19 +42,24 @@ def vllm_params() -> dict:
     return params
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm") / "project"
+def repro_scratch_project(root: Path, params: dict, target: str) -> tuple[Path, str]:
+    """A scratch project of `params` at `root`, reproduced up to the stage `target` (`advantage@r1`) with
+    this venv's dvc and python: (root, dvc's output)."""
     params_file = root.parent / "params.yaml"
-    params_file.write_text(yaml.safe_dump(vllm_params(), sort_keys=False))
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
     make_project(root, params_file)
     path = os.environ["PATH"]
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # this venv's dvc and python
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"
     try:
-        log = dvc(root, "repro", dvc_target("advantage@r1"), timeout=900)
+        log = dvc(root, "repro", dvc_target(target), timeout=900)
     finally:
         os.environ["PATH"] = path
     return root, log
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return repro_scratch_project(tmp_path_factory.mktemp("vllm") / "project", vllm_params(), "advantage@r1")
 
 
 def hf_logprobs(policy: Path, prompt_ids, response_ids, temperature: float) -> list[list[float]]:

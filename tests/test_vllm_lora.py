@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from scratch import dvc, dvc_target, make_project, ran_stages
-from test_vllm_engine import MAX_DRIFT, hf_logprobs, max_abs_diff, vllm_params
+from scratch import ran_stages
+from test_vllm_engine import MAX_DRIFT, hf_logprobs, max_abs_diff, repro_scratch_project, vllm_params
 
 pytestmark = [
     pytest.mark.vllm,
@@ -35,17 +34,7 @@ def lora_project(tmp_path_factory):
     params = vllm_params()
     params["model"]["lora"] = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
     params["update"]["lr"] = 0.01  # adapters that move visibly in one round
-    root = tmp_path_factory.mktemp("vllm_lora") / "project"
-    params_file = root.parent / "params.yaml"
-    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
-    make_project(root, params_file)
-    path = os.environ["PATH"]
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # this venv's dvc and python
-    try:
-        log = dvc(root, "repro", dvc_target("rollout@r2"), timeout=900)
-    finally:
-        os.environ["PATH"] = path
-    return root, log
+    return repro_scratch_project(tmp_path_factory.mktemp("vllm_lora") / "project", params, "rollout@r2")
 
 
 def test_rollout_from_a_lora_round_matches_the_trainer(lora_project, monkeypatch):
