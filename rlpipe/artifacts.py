@@ -46,7 +46,8 @@ class Schema:
         return (self.parent.all_optional() if self.parent else ()) + self.optional_empty
 
 
-PROMPTS = Schema("prompts", {"prompt_id": pa.int64(), "prompt": pa.string(), "answer": pa.string(), "meta": pa.string()})
+PROMPTS = Schema("prompts", {"prompt_id": pa.int64(), "prompt": pa.string(), "answer": pa.string(), "meta": pa.string(),
+                             "difficulty": pa.string()})
 
 ROLLOUTS = Schema(
     "rollouts",

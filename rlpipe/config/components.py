@@ -26,8 +26,8 @@ PolicyLossName = Literal["ppo_clip", "gspo", "cispo"]
 LRScheduleName = Literal["constant", "linear_warmup", "cosine"]
 RolloutCorrectionName = Literal["none", "tis", "mis"]
 RolloutBackendName = Literal["hf", "vllm"]
-VerifierName = Literal["exact_match", "chain_steps", "math"]
-TaskName = Literal["addition", "chain"]
+VerifierName = Literal["exact_match", "chain_steps", "marked_answer", "math"]
+TaskName = Literal["addition", "chain", "reasoning"]
 
 # Estimators that compare a response with the rest of its group: they need M >= 2.
 GROUP_ESTIMATORS = ("rloo", "group_norm", "group_mean", "group_process")

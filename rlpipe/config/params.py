@@ -83,6 +83,10 @@ class Params(Section):
             # peft saves its adapters from the live parameters, which FSDP2 holds as shards (DTensors)
             raise KeyedError("model.lora.rank", "LoRA trains under update.strategy 'ddp' (the adapters are small; "
                                                 "the base is frozen), not 'fsdp2'")
+        if self.data.source == "synthetic" and self.data.task == "reasoning" and \
+                self.resolved_verifier() in ("exact_match", "chain_steps"):
+            raise KeyedError("reward.verifier", f"{self.resolved_verifier()!r} cannot read data.task 'reasoning' "
+                                                f"answers (after '#'); use marked_answer or auto")
         self._warn_if_answers_truncated()
         return self
 
@@ -93,7 +97,7 @@ class Params(Section):
             return
         from rlpipe.data.tasks import longest_answer_chars
 
-        needed = longest_answer_chars(self.data.task, self.data.digits, self.data.chain_terms) + 1
+        needed = longest_answer_chars(self.data.task, self.data.digits, self.data.chain_terms, self.data.max_terms) + 1
         if self.rollout.max_new_tokens < needed:
             import warnings
 
@@ -108,7 +112,7 @@ class Params(Section):
             return self.reward.verifier
         if self.data.source != "synthetic":
             return "math"
-        return "chain_steps" if self.data.task == "chain" else "exact_match"
+        return {"chain": "chain_steps", "reasoning": "marked_answer"}.get(self.data.task, "exact_match")
 
     @property
     def round_names(self) -> list[str]:

@@ -60,7 +60,9 @@ class DataConfig(Section):
     source: Literal["synthetic", "file", "hf"] = "synthetic"
     """`synthetic`: the seeded generator; `file`: local JSONL/Parquet files; `hf`: `datasets.load_dataset`."""
     task: TaskName = "addition"
-    """Synthetic task: `addition` ("37+45=" -> "82"), or `chain` (multi-step sums, one step per partial sum)."""
+    """Synthetic task: `addition` ("37+45=" -> "82"), `chain` (multi-step sums, one step per partial sum), or
+    `reasoning` (min_terms to max_terms operands, with or without carries; the response may write the running
+    sums before its marked answer, "12+35=47;47+8=55;#55", or give the answer alone, "#55")."""
     num_train: int = Field(7000, ge=1)
     """Synthetic: training prompts generated."""
     num_test: int = Field(500, ge=1)
@@ -69,6 +71,15 @@ class DataConfig(Section):
     """Synthetic: digits per operand."""
     chain_terms: int = Field(3, ge=2, le=8)
     """Synthetic: operands per prompt of the `chain` task."""
+    min_terms: int = Field(2, ge=2, le=8)
+    """`reasoning`: fewest operands of a prompt; the operand count is uniform in [min_terms, max_terms]."""
+    max_terms: int = Field(5, ge=2, le=8)
+    """`reasoning`: most operands of a prompt. Its step-by-step answer with 2-digit operands is 47 characters
+    at 5 operands (one token each with the embedded tokenizer), 58 at 6."""
+    step_target_fraction: float = Field(0.5, ge=0, le=1)
+    """`reasoning`: the share of train prompts whose warm-start (SFT) target writes the running sums; the
+    others jump to the marked answer. Mixing both gives the initial policy short and long responses
+    whose accuracy differs, which RL can trade off."""
     train_file: Optional[str] = None
     """`file`: train split, .jsonl or .parquet (relative paths are from the repo root)."""
     test_file: Optional[str] = None
@@ -108,6 +119,8 @@ class DataConfig(Section):
             raise KeyedError("data.prompt_template", "must contain {question}")
         if self.system_prompt is not None and not self.chat_template:
             raise KeyedError("data.system_prompt", "is only used with data.chat_template: true")
+        if self.min_terms > self.max_terms:
+            raise KeyedError("data.min_terms", f"must be <= data.max_terms = {self.max_terms}; got {self.min_terms}")
         return self
 
 
@@ -256,7 +269,8 @@ class RolloutConfig(Section):
 
 class RewardConfig(Section):
     verifier: Literal["auto"] | VerifierName = "auto"
-    """`auto`: exact_match for `addition`, chain_steps for `chain`, math (math-verify) for file/hf data."""
+    """`auto`: exact_match for `addition`, chain_steps for `chain`, marked_answer for `reasoning`, math
+    (math-verify) for file/hf data."""
     overlong_cache_len: int = Field(2, ge=0)
     """L_cache of DAPO's soft overlong punishment (applied when the algorithm's overlong_shaping is on)."""
     process_model: Optional[str] = None

@@ -1,7 +1,8 @@
 """Prompt data: building the train/test splits (the `prepare` stage) and choosing each round's prompts.
 
 Torch-free. Each split is a `PROMPTS` table: prompt_id, prompt (text given to the policy), answer
-(the reference the verifier checks), meta (task detail, e.g. the expected steps of `chain`).
+(the reference the verifier checks), meta (task detail, e.g. the expected steps of `chain`), difficulty
+(the bucket results are grouped by, e.g. "n4-carry" for `reasoning`; empty when the task has none).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from rlpipe.data.tasks import Example, generate_split
 
 def synthetic_splits(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
     """(train, test): seeded, disjoint prompts of the configured synthetic task."""
-    test = generate_split(cfg.task, seed * 2 + 1, cfg.num_test, cfg.digits, cfg.chain_terms)
+    terms = (cfg.min_terms, cfg.max_terms)
+    test = generate_split(cfg.task, seed * 2 + 1, cfg.num_test, cfg.digits, cfg.chain_terms, terms=terms)
     train = generate_split(cfg.task, seed * 2, cfg.num_train, cfg.digits, cfg.chain_terms,
-                           exclude=frozenset(e.prompt for e in test))
+                           exclude=frozenset(e.prompt for e in test), terms=terms)
     return train, test
 
 
@@ -32,6 +34,7 @@ def _columns(examples: list[Example]) -> dict[str, list]:
         "prompt": [e.prompt for e in examples],
         "answer": [e.answer for e in examples],
         "meta": [e.meta for e in examples],
+        "difficulty": [e.difficulty for e in examples],
     }
 
 

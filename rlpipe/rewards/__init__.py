@@ -15,6 +15,7 @@ from rlpipe.rewards import verifiers
 VERIFIERS = Registry("verifier")
 VERIFIERS.register("exact_match")(verifiers.exact_match)
 VERIFIERS.register("chain_steps")(verifiers.chain_steps)
+VERIFIERS.register("marked_answer")(verifiers.marked_answer)
 
 
 @VERIFIERS.register("math")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlpipe.data.tasks import STEP_SEPARATOR
+from rlpipe.data.tasks import ANSWER_MARKER, REASONING_STEP_SEPARATOR, STEP_SEPARATOR, final_answer
 
 
 @dataclass(frozen=True)
@@ -49,5 +49,30 @@ def chain_steps(completions: list[str], answers: list[str], metas: list[str]) ->
                 rewards.append(float(k < len(expected) and step.strip() == expected[k]))
             offset += len(STEP_SEPARATOR)
         correct = [s.strip() for s in steps] == expected
+        verdicts.append(Verdict(reward=float(correct), correct=correct, step_char_ends=ends, step_rewards=rewards))
+    return verdicts
+
+
+def marked_answer(completions: list[str], answers: list[str], metas: list[str]) -> list[Verdict]:
+    """`reasoning` task: correct when the text after the last ANSWER_MARKER equals the answer exactly
+    ("12+35=47;47+8=55;#55" and "#55" both are, for 55; no marker, no answer).
+
+    The completion's pieces between REASONING_STEP_SEPARATORs are its steps: a running-sum step earns 1
+    when it equals the expected step at its place (the reference solution in `meta`), the piece holding
+    the answer marker earns the outcome. A direct answer is one step.
+    """
+    verdicts = []
+    for completion, answer, meta in zip(completions, answers, metas):
+        given = final_answer(completion)
+        correct = given is not None and given == answer.strip()
+        expected = meta.split(REASONING_STEP_SEPARATOR)[:-1]  # the reference's steps, its answer left out
+        ends, rewards, offset = [], [], 0
+        for k, piece in enumerate(completion.split(REASONING_STEP_SEPARATOR)):
+            offset += len(piece)
+            if piece.strip():
+                ends.append(offset - 1)
+                is_step = ANSWER_MARKER not in piece
+                rewards.append(float(k < len(expected) and piece.strip() == expected[k]) if is_step else float(correct))
+            offset += len(REASONING_STEP_SEPARATOR)
         verdicts.append(Verdict(reward=float(correct), correct=correct, step_char_ends=ends, step_rewards=rewards))
     return verdicts
