@@ -64,10 +64,23 @@ class Evaluator:
                           groups.per_row(self.prompts["meta"]), desc=f"{desc}: score")
         return groups.texts, [v.correct for v in verdicts], [len(r) for r in groups.output.response_ids]
 
+    def greedy(self, backend, policy: str) -> list[bool]:
+        """Whether each test prompt's greedy response is right, under the policy `backend` generates from
+        (`policy` names it in progress bars)."""
+        return self._generate(backend, 1, True, "eval greedy", f"eval {policy} greedy")[1]
+
     def greedy_pass_at_1(self, backend, policy: str) -> float:
-        """Greedy pass@1 of the policy `backend` generates from (`policy` names it in progress bars)."""
-        _, correct, _ = self._generate(backend, 1, True, "eval greedy", f"eval {policy} greedy")
+        correct = self.greedy(backend, policy)
         return sum(correct) / len(correct)
+
+    def by_difficulty(self, correct: list[bool]) -> dict[str, dict[str, float]]:
+        """Greedy pass@1 and prompt count per difficulty bucket of the test split (empty when the task
+        has no buckets)."""
+        buckets: dict[str, list[bool]] = {}
+        for bucket, right in zip(self.prompts["difficulty"], correct):
+            if bucket:
+                buckets.setdefault(bucket, []).append(right)
+        return {b: {"pass@1": sum(c) / len(c), "prompts": len(c)} for b, c in sorted(buckets.items())}
 
     def sampled(self, backend, policy: str) -> dict[str, float]:
         n = self.params.eval.samples
@@ -86,6 +99,10 @@ class Evaluator:
         out[f"maj@{n}"] = majority_right / len(groups)
         out["sampled_accuracy"] = sum(correct) / len(correct)
         out["mean_length"] = sum(lengths) / len(lengths)
+        # where responses may reason before answering, whether the right ones are the long ones
+        for name, right in (("mean_length_correct", True), ("mean_length_incorrect", False)):
+            chosen = [n for n, c in zip(lengths, correct) if c == right]
+            out[name] = sum(chosen) / len(chosen) if chosen else None
         return out
 
 
@@ -116,15 +133,18 @@ def evaluate_policies(params: Params, test_path: Path, out_path: Path = paths.EV
     models = models or ModelStore()
     evaluator = Evaluator(params, test_path)
     results: dict[str, dict[str, float]] = {}
+    by_difficulty: dict[str, dict] = {}
     curve = []
     for name in ["r0", *params.round_names]:
         is_endpoint = name in ("r0", params.final_round)
         if not (is_endpoint or params.eval.curve):
             continue
         backend = rollout_backend(models, paths.policy_dir(name), eval_rollout_config(params), params.model.dtype)
-        point: dict[str, float] = {"round": paths.round_index(name), "pass@1": evaluator.greedy_pass_at_1(backend, name)}
+        greedy = evaluator.greedy(backend, name)
+        point: dict[str, float] = {"round": paths.round_index(name), "pass@1": sum(greedy) / len(greedy)}
         if is_endpoint:
             results[name] = {"pass@1": point["pass@1"], **evaluator.sampled(backend, name)}
+            by_difficulty[name] = evaluator.by_difficulty(greedy)
         state = json.loads((paths.policy_dir(name) / paths.TRAINER_STATE).read_text())
         point.update({f"train_{k}": v for k, v in state.get("summary", {}).items() if isinstance(v, (int, float))})
         curve.append(point)
@@ -134,7 +154,10 @@ def evaluate_policies(params: Params, test_path: Path, out_path: Path = paths.EV
     metrics = {**final, **{f"{k}_init": v for k, v in init.items()},
                "pass@k": final[k_name], "pass@k_init": init[k_name], "k": k_max,
                "pass@1_gain": final["pass@1"] - init["pass@1"], "test_prompts": len(evaluator.prompts["prompt"])}
-    atomic_write_text(out_path, json.dumps({**metrics, "curve": curve}, indent=2) + "\n")
+    buckets = {bucket: {"pass@1": by_difficulty[params.final_round][bucket]["pass@1"], "pass@1_init": init_bucket["pass@1"],
+                        "prompts": init_bucket["prompts"]} for bucket, init_bucket in by_difficulty["r0"].items()}
+    atomic_write_text(out_path, json.dumps({**metrics, **({"by_difficulty": buckets} if buckets else {}), "curve": curve},
+                                           indent=2) + "\n")
     curve = with_stderr(curve, metrics["test_prompts"])
     rows = curve_rows(curve)
     atomic_write_text(curve_path, json.dumps(rows, indent=2) + "\n")
