@@ -56,10 +56,12 @@ def test_steps_land_on_tokens(tokenizer):
 
 def test_reward_metrics_exclude_greedy_rows():
     columns = {"is_greedy": [False, False, True], "reward": [1.0, 0.0, 1.0], "correct": [True, False, True],
-               "overlong_penalty": [0.0, -0.5, 0.0], "step_ends": [[1], [1], [1]]}
+               "overlong_penalty": [0.0, -0.5, 0.0], "step_ends": [[1], [1], [1]],
+               "response_ids": [[5, 2], [5, 6, 7, 2], [5, 6, 2]]}
     m = reward_metrics(columns)
     assert m["reward/mean"] == 0.5 and m["reward/accuracy"] == 0.5
     assert m["reward/overlong_penalty_mean"] == -0.25 and m["reward/greedy_accuracy"] == 1.0
+    assert m["reward/length_correct_mean"] == 2 and m["reward/length_incorrect_mean"] == 4
 
 
 def test_model_based_process_scorer(tmp_path, tokenizer):

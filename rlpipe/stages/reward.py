@@ -53,6 +53,10 @@ def reward_metrics(columns: dict) -> dict:
         "reward/overlong_penalty_mean": sum(columns["overlong_penalty"][i] for i in sampled) / len(sampled),
         "reward/steps_mean": sum(len(columns["step_ends"][i]) for i in sampled) / len(sampled),
     }
+    for name, right in (("correct", True), ("incorrect", False)):  # does reasoning at length pay?
+        lengths = [len(columns["response_ids"][i]) for i in sampled if columns["correct"][i] == right]
+        if lengths:
+            metrics[f"reward/length_{name}_mean"] = sum(lengths) / len(lengths)
     greedy = [i for i, g in enumerate(columns["is_greedy"]) if g]
     if greedy:
         metrics["reward/greedy_accuracy"] = sum(columns["correct"][i] for i in greedy) / len(greedy)
