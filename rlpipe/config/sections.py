@@ -510,6 +510,26 @@ class ValuePretrainConfig(Section):
     """Prompts sampled from the init policy (M responses each) to fit the critic on."""
 
 
+class OracleEVConfig(Section):
+    """The critic's ceiling: the explained variance of the oracle V*(prefix), from Monte-Carlo
+    continuations of each response prefix under the current policy (rlpipe/rollout/oracle.py)."""
+
+    continuations: int = Field(0, ge=0)
+    """K continuations sampled from every prefix of every probed response; their mean reward estimates
+    V*(prefix). 0 = off; otherwise >= 2 (their spread corrects the estimate's noise). Costs K x (response
+    length) generations per probed response, in value_pretrain and in every round's advantage stage, for
+    presets with a critic (a no-op for the others)."""
+    max_responses: int = Field(64, ge=1)
+    """Most responses probed (a seeded sample of the batch, or of value pretraining's held-out responses)."""
+
+    @field_validator("continuations")
+    @classmethod
+    def _off_or_two(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("must be 0 (off) or >= 2: one continuation gives no estimate of its own noise")
+        return value
+
+
 class ValueConfig(Section):
     model: ValueModelConfig = ValueModelConfig()
     """Where the critic's backbone comes from."""
@@ -521,6 +541,9 @@ class ValueConfig(Section):
     """Clip of the value loss around the values of the rollout: V_old +- clip_range."""
     pretrain: ValuePretrainConfig = ValuePretrainConfig()
     """Value pretraining (the `value_pretrain` stage), for presets with a critic."""
+    oracle_ev: OracleEVConfig = OracleEVConfig()
+    """The oracle explained variance logged beside the critic's (`value/oracle_explained_variance`,
+    `value/ev_fraction_of_ceiling`): after value pretraining and in every round's advantage stage."""
 
 
 class EvalConfig(Section):

@@ -71,3 +71,23 @@ def explained_variance(values, returns, mask) -> float:
     g, v = returns[mask], values[mask]
     var = g.var(unbiased=False)
     return float(1 - (g - v).var(unbiased=False) / var) if var > 0 else float("nan")
+
+
+def oracle_explained_variance(returns, mask, oracle_values, oracle_noise=None) -> float:
+    """The ceiling of `explained_variance` on a batch: the EV of the oracle critic V*(s_t), the expected
+    return of each response prefix under the current policy, over the same returns and tokens.
+
+    No critic that sees only the prefix can do better where G_t is the Monte-Carlo return of the outcome
+    (lambda = gamma = 1, no per-token reward): V* = E[G | s_t] minimises E[(G - V)^2]. All (B, T).
+    `oracle_values` are Monte-Carlo estimates of V* (the mean reward of K continuations); their sampling
+    error adds to Var(G - V) and pulls the EV down, so `oracle_noise`, an unbiased estimate of each
+    estimate's variance (the continuations' sample variance / K), is subtracted from it when given.
+    """
+    g, v = returns[mask], oracle_values[mask]
+    var = g.var(unbiased=False)
+    if not var > 0:
+        return float("nan")
+    residual = (g - v).var(unbiased=False)
+    if oracle_noise is not None:
+        residual = residual - oracle_noise[mask].mean()
+    return float(1 - residual / var)

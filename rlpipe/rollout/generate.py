@@ -40,13 +40,20 @@ class Groups:
 def generate_groups(backend, prompt_texts: list[str], prompt_ids: list[int], *, greedy_pattern: list[bool],
                     stream: str, seed: int, spec: SamplingSpec, data: DataConfig, desc: str) -> Groups:
     """Generate `len(greedy_pattern)` responses for each prompt with `backend` (see rlpipe.rollout)."""
+    encoded = encode_prompts(backend.tokenizer, prompt_texts, data)
+    return generate_from_ids(backend, encoded, prompt_ids, greedy_pattern=greedy_pattern, stream=stream, seed=seed,
+                             spec=spec, desc=desc)
+
+
+def generate_from_ids(backend, encoded: list[list[int]], keys: list[int], *, greedy_pattern: list[bool], stream: str,
+                      seed: int, spec: SamplingSpec, desc: str) -> Groups:
+    """`generate_groups` on prompts given as token ids (e.g. a prompt followed by part of a response, which
+    re-encoding its text need not reproduce), each seeded by its distinct integer key."""
     per_group = len(greedy_pattern)
-    tokenizer = backend.tokenizer
-    encoded = encode_prompts(tokenizer, prompt_texts, data)
     row_prompt_ids = [ids for ids in encoded for _ in range(per_group)]
-    uniforms = prompt_uniforms(seed, stream, prompt_ids, per_group, spec.max_new_tokens)
-    seeds = [prompt_seed(seed, stream, pid) for pid in prompt_ids for _ in range(per_group)]
-    greedy = torch.tensor([flag for _ in prompt_ids for flag in greedy_pattern])
+    uniforms = prompt_uniforms(seed, stream, keys, per_group, spec.max_new_tokens)
+    seeds = [prompt_seed(seed, stream, key) for key in keys for _ in range(per_group)]
+    greedy = torch.tensor([flag for _ in keys for flag in greedy_pattern])
     out = backend.generate(GenerationRows(row_prompt_ids, uniforms, greedy, seeds), spec, desc=desc)
-    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    texts = backend.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     return Groups(per_group, row_prompt_ids, greedy, out, texts)

@@ -3,7 +3,8 @@
 In order: reward shaping (overlong penalty, when the algorithm asks for it), dynamic sampling (drop
 groups that carry no signal, keep at most `prompts_per_round`), old logprobs (behaviour logprobs, or a
 trainer recompute when the rollout engine differs), reference logprobs (when a KL term is used),
-critic values (GAE presets), then the algorithm's advantage estimator on the kept rows.
+critic values (GAE presets), then the algorithm's advantage estimator on the kept rows, and, with
+`value.oracle_ev`, the critic's ceiling on them (rlpipe.rollout.oracle).
 ReMax's greedy rows give their group's baseline reward and are not kept.
 """
 
@@ -88,6 +89,8 @@ def build_batch(params: Params, round_name: str, rewards_path: Path, policy_path
         token_inputs = KeptRows(params, columns, selection.kept_rows, models)
         metrics.update(token_inputs.logprobs_and_values(policy_path, ref_path, critic_path))
         metrics.update(token_inputs.advantages(shaped, out))
+        if spec.needs_critic and params.value.oracle_ev.continuations:
+            metrics.update(token_inputs.oracle(policy_path, round_name))
     else:
         warnings.warn(f"{round_name}: no group carries signal; the update of this round will be skipped")
     artifacts.write_table(out_path, out, artifacts.BATCH)
@@ -110,7 +113,7 @@ class KeptRows:
         self.width = max(len(r) for r in self.response_ids)
         self.mask = pad_ragged(self.response_ids, 0, torch.long, width=self.width)[1]
         self.old_logp = pad_ragged([columns["behaviour_logprobs"][i] for i in rows], 0.0, torch.float32, width=self.width)[0]
-        self.ref_logp = self.values = None
+        self.ref_logp = self.values = self.returns = None
 
     def logprobs_and_values(self, policy_path: Path, ref_path: Path, critic_path: Path) -> dict:
         """pi_old (recomputed by the trainer for another engine), pi_ref (for a KL term), V (for GAE)."""
@@ -155,6 +158,7 @@ class KeptRows:
             old_logp=self.old_logp, ref_logp=self.ref_logp, values=self.values, baseline_rewards=baseline,
             step_ends=step_ends, step_rewards=step_rewards, step_mask=step_mask,
         )
+        self.returns = result.returns
         lengths = self.mask.sum(dim=1).tolist()
         for column, tensor in (("old_logprobs", self.old_logp), ("ref_logprobs", self.ref_logp), ("values", self.values),
                                ("advantages", result.advantages), ("returns", result.returns)):
@@ -165,6 +169,17 @@ class KeptRows:
         for i in rows:
             out["kept"][i] = True
         return advantage_metrics(result.advantages, self.mask, self.old_logp, self.ref_logp)
+
+    def oracle(self, policy_path: Path, round_name: str) -> dict:
+        """The critic's ceiling on these rows: the oracle EV from Monte-Carlo continuations under the
+        policy that sampled them (rlpipe.rollout.oracle), beside the critic's EV on the same rows."""
+        from rlpipe.rollout import rollout_backend
+        from rlpipe.rollout.oracle import oracle_metrics
+
+        backend = rollout_backend(self.models, policy_path, self.params.rollout, self.params.model.dtype)
+        return oracle_metrics(self.params, backend, self.prompt_ids, self.response_ids,
+                              [self.columns["answer"][i] for i in self.rows], [self.columns["meta"][i] for i in self.rows],
+                              self.returns, self.values, self.mask, stream=f"oracle@{round_name}")
 
 
 class RoundLogprobs:

@@ -40,5 +40,15 @@ def value_pretrain(ctx) -> dict:
                            if spec.overlong_shaping else 0.0) for v, r in zip(verdicts, response_ids)]
     group_of_row = groups.per_row(list(range(len(prompts["prompt"]))))
     backbone = params.value.model.path or paths.policy_dir("r0")
+    oracle = None
+    if params.value.oracle_ev.continuations:
+        from rlpipe.rollout.oracle import oracle_metrics
+
+        answers, metas = groups.per_row(prompts["answer"]), groups.per_row(prompts["meta"])
+
+        def oracle(rows, returns, values, mask):  # the ceiling on the held-out rows, under the init policy
+            return oracle_metrics(params, backend, [groups.prompt_ids[i] for i in rows], [response_ids[i] for i in rows],
+                                  [answers[i] for i in rows], [metas[i] for i in rows], returns, values, mask,
+                                  stream="oracle@value_pretrain")
     return pretrain_critic(params, groups.prompt_ids, response_ids, torch.tensor(rewards), group_of_row, backbone,
-                           paths.critic_dir("r0"), ctx.tracker, ctx.models)
+                           paths.critic_dir("r0"), ctx.tracker, ctx.models, oracle)

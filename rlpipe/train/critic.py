@@ -166,9 +166,10 @@ def monte_carlo_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float)
 
 
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
-                    groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None) -> dict:
+                    groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None) -> dict:
     """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
-    `groups`, one group per prompt) and write the round-0 critic to `out_dir`."""
+    `groups`, one group per prompt) and write the round-0 critic to `out_dir`. `oracle(rows, returns,
+    values, mask)`, when given, measures the critic's ceiling on the held-out rows its EV is taken on."""
     cfg = params.value.pretrain
     mask = pad_ragged(response_ids, 0, torch.long)[1]
     returns = monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma)
@@ -176,7 +177,8 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     n_groups = max(groups) + 1
     held_out = set(random.Random(f"{params.seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
     train_idx = [i for i, g in enumerate(groups) if g not in held_out]
-    eval_targets = targets.rows([i for i, g in enumerate(groups) if g in held_out])
+    eval_rows = [i for i, g in enumerate(groups) if g in held_out]
+    eval_targets = targets.rows(eval_rows)
 
     critic, tokenizer = load_critic(backbone, params.model.dtype, from_policy=True)
     optimizer = make_critic_optimizer(critic, params, None)
@@ -205,6 +207,9 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     metrics = {"value/explained_variance": ev, "value/pretrain_steps": step,
                "value/pretrain_loss_last": history[-1]["value_loss"] if history else float("nan"),
                "value/pretrain_responses": len(response_ids), "value/critic": 1}
+    if oracle is not None:
+        metrics.update(oracle(eval_rows, eval_targets.returns,
+                              predict(critic, eval_targets, params, tokenizer.pad_token_id), eval_targets.mask))
     save_critic(critic, tokenizer, optimizer, out_dir, {"round": "r0", **metrics})
     if models is not None:
         models.remember_critic(out_dir, critic, optimizer, params.model.dtype)

@@ -1,0 +1,89 @@
+"""The critic's ceiling: the oracle explained variance from known success rates, and the Monte-Carlo
+prefix values it is computed from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlpipe.config import params_from_dict
+from rlpipe.config.params import ParamsError
+from rlpipe.models.critic import explained_variance, oracle_explained_variance
+from rlpipe.rollout.base import GenerationOutput, SamplingSpec
+from rlpipe.rollout.oracle import prefix_values, probed_rows
+
+# Two responses, lambda = gamma = 1: G_t is the outcome at every token. A (3 tokens) is right, B (2) wrong.
+RETURNS = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+MASK = torch.tensor([[True, True, True], [True, True, False]])
+# success rates of each prefix under the policy: A's rise to 1, B's fall
+SUCCESS = torch.tensor([[0.5, 0.75, 1.0], [0.5, 0.25, 9.0]])  # 9: past B's end, must be ignored
+
+
+def test_oracle_ev_of_known_success_rates():
+    # G = [1, 1, 1, 0, 0]: Var = 0.24. G - V* = [.5, .25, 0, -.5, -.25]: mean 0, Var = 0.625 / 5 = 0.125
+    assert oracle_explained_variance(RETURNS, MASK, SUCCESS) == pytest.approx(1 - 0.125 / 0.24)  # 23/48
+    # an estimated V* with noise variance 0.01 per state: 0.01 of the residual is the estimate's own
+    noise = torch.full_like(SUCCESS, 0.01)
+    assert oracle_explained_variance(RETURNS, MASK, SUCCESS, noise) == pytest.approx(1 - 0.115 / 0.24)  # 25/48
+    # it is the critic's EV with V* as the critic, and no critic of the prefix beats it here
+    assert oracle_explained_variance(RETURNS, MASK, SUCCESS) == pytest.approx(explained_variance(SUCCESS, RETURNS, MASK))
+    assert explained_variance(torch.full_like(SUCCESS, 0.6), RETURNS, MASK) == pytest.approx(0.0)
+    assert oracle_explained_variance(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 2)) != \
+        oracle_explained_variance(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 2))  # NaN
+
+
+class ToyTokenizer:
+    eos_token_id = 2
+
+    def batch_decode(self, ids, skip_special_tokens=True):
+        return [" ".join(str(t) for t in row if t != self.eos_token_id) for row in ids]
+
+
+class ToyBackend:
+    """Continuations alternate between [7, 7, 7, eos] and [8, eos] (rows of one prefix are consecutive)."""
+
+    tokenizer = ToyTokenizer()
+
+    def __init__(self):
+        self.prompts = []
+
+    def generate(self, rows, spec, desc=""):
+        self.prompts = rows.prompt_ids
+        out = GenerationOutput()
+        for k in range(len(rows.prompt_ids)):
+            ids = [7, 7, 7, 2] if k % 2 == 0 else [8, 2]
+            out.response_ids.append(ids[: spec.max_new_tokens])
+        return out
+
+
+def test_prefix_values_average_the_continuations_and_cut_them_at_the_room_left():
+    backend = ToyBackend()
+    scored = []
+
+    def score(rows, responses):  # right when the response ends in 7 (eos aside)
+        scored.extend(responses)
+        return [float([t for t in r if t != 2][-1:] == [7]) for r in responses]
+
+    values, noise = prefix_values(backend, [[1, 5], [1, 6]], [[7, 2], [8, 8, 2]], score, continuations=2,
+                                  stream="oracle@test", seed=0, spec=SamplingSpec(4, 1.0, 0, 1.0))
+    # every state: one continuation right, one wrong -> V = 0.5, noise = var([1, 0], ddof 1) / 2 = 0.25
+    assert values.tolist() == [[0.5, 0.5, 0.0], [0.5, 0.5, 0.5]]
+    assert noise.tolist() == [[0.25, 0.25, 0.0], [0.25, 0.25, 0.25]]
+    # the states: the prompt, then the prompt and the first t tokens of the response
+    assert backend.prompts[::2] == [[1, 5], [1, 5, 7], [1, 6], [1, 6, 8], [1, 6, 8, 8]]
+    # the prefix of 2 tokens leaves room for 2 more (max_new_tokens 4): [7, 7, 7, eos] is cut to [7, 7]
+    assert [8, 8, 7, 7] in scored and [8, 8, 8, 2] in scored
+
+
+def test_probed_rows_are_a_seeded_capped_sample():
+    assert probed_rows(10, 4, 0, "s") == probed_rows(10, 4, 0, "s") and len(probed_rows(10, 4, 0, "s")) == 4
+    assert probed_rows(3, 64, 0, "s") == [0, 1, 2]
+
+
+def test_oracle_settings_name_the_key():
+    assert params_from_dict({}).value.oracle_ev.continuations == 0  # off by default: it costs generation
+    for raw, message in (({"continuations": 1}, "value.oracle_ev.continuations: must be 0 .off. or >= 2"),
+                         ({"continuations": -2}, "value.oracle_ev.continuations"),
+                         ({"max_responses": 0}, "value.oracle_ev.max_responses")):
+        with pytest.raises(ParamsError, match=message):
+            params_from_dict({"value": {"oracle_ev": raw}})
