@@ -85,7 +85,7 @@ def test_warm_start_mixes_step_and_direct_targets():
 
 
 def test_config_names_the_bad_key():
-    params = params_from_dict({"data": {"task": "reasoning"}})
+    params = params_from_dict({"data": {"task": "reasoning"}, "rollout": {"max_new_tokens": 48}})
     assert params.resolved_verifier() == "marked_answer"
     cases = [({"data": {"task": "reasoning", "min_terms": 4, "max_terms": 3}}, "data.min_terms: must be <="),
              ({"data": {"task": "reasoning", "step_target_fraction": 1.5}}, "data.step_target_fraction"),
