@@ -96,14 +96,14 @@ def trainable_parameters(model) -> list:
 def check_matches(path: Path, cfg: LoRAConfig) -> None:
     """Refuse an adapter checkpoint whose adapters are not those `model.lora` asks for (a run that changed
     model.lora reruns from the first update; this catches a stage run by hand on old checkpoints)."""
+    if cfg.rank == 0:
+        raise LoRAMismatchError(f"{path} holds LoRA adapters, but model.lora.rank is 0 (full fine-tuning); "
+                                f"rerun from the first update (`dvc repro`)")
     saved = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
     wanted = {"r": cfg.rank, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout,
               "target_modules": sorted(cfg.target_modules)}
     have = {"r": saved["r"], "lora_alpha": saved["lora_alpha"], "lora_dropout": saved["lora_dropout"],
             "target_modules": sorted(saved["target_modules"])}
-    if cfg.rank == 0:
-        raise LoRAMismatchError(f"{path} holds LoRA adapters, but model.lora.rank is 0 (full fine-tuning); "
-                                f"rerun from the first update (`dvc repro`)")
     if have != wanted:
         raise LoRAMismatchError(f"{path} holds adapters {have}, but model.lora asks for {wanted}; "
                                 f"rerun from the first update (`dvc repro`)")
@@ -165,12 +165,11 @@ def merge_checkpoint(adapter_path: Path, out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     from rlpipe.atomic import atomic_directory
+    from rlpipe.models.policy import torch_dtype
 
     if not is_adapter(adapter_path):
         raise LoRAMismatchError(f"{adapter_path}: not a LoRA adapter checkpoint (no {ADAPTER_CONFIG})")
     base_config = json.loads((adapter_base(adapter_path) / "config.json").read_text())
-    from rlpipe.models.policy import torch_dtype
-
     dtype = torch_dtype(base_config.get("dtype") or base_config.get("torch_dtype") or "float32")
     merged = load(adapter_path, dtype).merge_and_unload()
     merged.config.name_or_path = ""
