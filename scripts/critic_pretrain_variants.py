@@ -1,0 +1,115 @@
+"""Value pretraining variants on one set of samples: which knob makes the critic learn? (issue 19, part 3)
+
+    dvc repro init                                     # in a project whose params.yaml has a critic preset
+    python scripts/critic_pretrain_variants.py OUT '{}'
+    python scripts/critic_pretrain_variants.py OUT '{"head": "mean", "head_lr": 0.01}'
+    python scripts/critic_pretrain_variants.py OUT '{"lr": 0.001, "steps": 1000, "prompts": 2048}'
+
+Draws the samples the `value_pretrain` stage draws from `runs/policy/r0` (kept in OUT/samples-P.pkl, so
+every variant of one prompt count fits the same responses), then runs `pretrain_critic` with the
+variant's changes and prints the held-out explained variance every 5 steps and, at the end, the EV on
+its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
+`head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
+`prompts`. Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rlpipe import paths
+from rlpipe.config import load_params
+
+
+def pretraining_samples(params, cache: Path):
+    """(prompt_ids, response_ids, rewards, group of each row), as the value_pretrain stage draws them."""
+    if cache.is_file():
+        return pickle.loads(cache.read_bytes())
+    from rlpipe.data.splits import read_prompts, round_prompt_rows
+    from rlpipe.models.store import ModelStore
+    from rlpipe.rewards import verify
+    from rlpipe.rollout import rollout_backend
+    from rlpipe.rollout.base import SamplingSpec
+    from rlpipe.rollout.generate import generate_groups
+    from rlpipe.stages.value_pretrain import STREAM
+
+    cfg, m = params.rollout, params.rollout.samples_per_prompt
+    table = read_prompts(paths.TRAIN)
+    prompts = table.take(round_prompt_rows(table.num_rows, params.value.pretrain.prompts, params.seed, STREAM)).to_pydict()
+    backend = rollout_backend(ModelStore(), paths.policy_dir("r0"), cfg, params.model.dtype)
+    groups = generate_groups(backend, prompts["prompt"], prompts["prompt_id"], greedy_pattern=[False] * m, stream=STREAM,
+                             seed=params.seed, spec=SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p),
+                             data=params.data, desc="sample")
+    verdicts = verify(params.resolved_verifier(), groups.texts, groups.per_row(prompts["answer"]),
+                      groups.per_row(prompts["meta"]))
+    samples = (groups.prompt_ids, groups.output.response_ids, [v.reward for v in verdicts],
+               groups.per_row(list(range(len(prompts["prompt"])))))
+    cache.write_bytes(pickle.dumps(samples))
+    return samples
+
+
+def main(out: Path, variant: dict) -> None:
+    import rlpipe.train.critic as critic_training
+    from rlpipe.models.sequences import pad_ragged
+
+    params = load_params()
+    pretrain = params.value.pretrain.model_copy(update={"max_steps": variant.get("steps", params.value.pretrain.max_steps),
+                                                        "prompts": variant.get("prompts", params.value.pretrain.prompts),
+                                                        "min_explained_variance": 1.0})
+    params = params.model_copy(update={"value": params.value.model_copy(update={
+        "lr": variant.get("lr", params.value.lr), "pretrain": pretrain})})
+    out.mkdir(parents=True, exist_ok=True)
+    prompt_ids, response_ids, rewards, groups = pretraining_samples(params, out / f"samples-{pretrain.prompts}.pkl")
+    print(f"{len(response_ids)} responses, mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
+
+    load_critic, explained_variance = critic_training.load_critic, critic_training.explained_variance
+
+    def load_with_head(path, dtype, from_policy=False):
+        critic, tokenizer = load_critic(path, dtype, from_policy)
+        if variant.get("head") == "mean":  # V starts at the mean return everywhere
+            torch.nn.init.zeros_(critic.score.weight)
+            torch.nn.init.constant_(critic.score.bias, sum(rewards) / len(rewards))
+        return critic, tokenizer
+
+    def two_rates(critic, params, state_path):
+        head = {id(p) for p in critic.score.parameters()}
+        return torch.optim.AdamW([
+            {"params": [p for p in critic.parameters() if id(p) not in head], "lr": params.value.lr},
+            {"params": list(critic.score.parameters()), "lr": variant.get("head_lr", params.value.lr)}])
+
+    curve: list[float] = []
+
+    def recorded(*args):
+        curve.append(round(explained_variance(*args), 3))
+        return curve[-1]
+
+    critic_training.load_critic, critic_training.make_critic_optimizer = load_with_head, two_rates
+    critic_training.explained_variance = recorded
+    torch.manual_seed(params.seed)
+    critic_dir = out / f"critic-{len(list(out.glob('critic-*')))}"
+    started = time.perf_counter()
+    metrics = critic_training.pretrain_critic(params, prompt_ids, response_ids, torch.tensor(rewards), groups,
+                                              paths.policy_dir("r0"), critic_dir)
+    print(f"{json.dumps(variant)}: held-out EV {metrics['value/explained_variance']:.4f} after {metrics['value/pretrain_steps']} "
+          f"steps ({time.perf_counter() - started:.0f} s); every 5 steps {curve}", flush=True)
+
+    critic, tokenizer = load_critic(critic_dir)
+    mask = pad_ragged(response_ids, 0, torch.long)[1]
+    returns = critic_training.monte_carlo_returns(torch.tensor(rewards), mask, params.algorithm.resolve().gamma)
+    targets = critic_training.ValueTargets(prompt_ids, response_ids, returns, None, mask)
+    n_groups = max(groups) + 1  # the held-out split of pretrain_critic, drawn the same way
+    held_out = set(random.Random(f"{params.seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
+    train = targets.rows([i for i, g in enumerate(groups) if g not in held_out])
+    values = critic_training.predict(critic, train, params, tokenizer.pad_token_id)
+    print(f"EV on its own training responses {explained_variance(values, train.returns, train.mask):.4f}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
