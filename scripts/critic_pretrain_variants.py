@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import random
 import sys
 import time
 from pathlib import Path
@@ -28,31 +27,19 @@ from rlpipe import paths
 from rlpipe.config import load_params
 
 
-def pretraining_samples(params, cache: Path):
-    """(prompt_ids, response_ids, rewards, group of each row), as the value_pretrain stage draws them."""
+def cached_samples(params, cache: Path):
+    """(prompt_ids, response_ids, rewards, group of each row): the value_pretrain stage's samples."""
     if cache.is_file():
         return pickle.loads(cache.read_bytes())
-    from rlpipe.data.splits import read_prompts, round_prompt_rows
     from rlpipe.models.store import ModelStore
-    from rlpipe.rewards import verify
     from rlpipe.rollout import rollout_backend
-    from rlpipe.rollout.base import SamplingSpec
-    from rlpipe.rollout.generate import generate_groups
-    from rlpipe.stages.value_pretrain import STREAM
+    from rlpipe.stages.value_pretrain import pretraining_samples
 
-    cfg, m = params.rollout, params.rollout.samples_per_prompt
-    table = read_prompts(paths.TRAIN)
-    prompts = table.take(round_prompt_rows(table.num_rows, params.value.pretrain.prompts, params.seed, STREAM)).to_pydict()
-    backend = rollout_backend(ModelStore(), paths.policy_dir("r0"), cfg, params.model.dtype)
-    groups = generate_groups(backend, prompts["prompt"], prompts["prompt_id"], greedy_pattern=[False] * m, stream=STREAM,
-                             seed=params.seed, spec=SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p),
-                             data=params.data, desc="sample")
-    verdicts = verify(params.resolved_verifier(), groups.texts, groups.per_row(prompts["answer"]),
-                      groups.per_row(prompts["meta"]))
-    samples = (groups.prompt_ids, groups.output.response_ids, [v.reward for v in verdicts],
-               groups.per_row(list(range(len(prompts["prompt"])))))
-    cache.write_bytes(pickle.dumps(samples))
-    return samples
+    samples = pretraining_samples(params, rollout_backend(ModelStore(), paths.policy_dir("r0"), params.rollout,
+                                                          params.model.dtype))
+    rows = (samples.prompt_ids, samples.response_ids, samples.rewards, samples.groups)
+    cache.write_bytes(pickle.dumps(rows))
+    return rows
 
 
 def main(out: Path, variant: dict) -> None:
@@ -66,7 +53,7 @@ def main(out: Path, variant: dict) -> None:
     params = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": variant.get("lr", params.value.lr), "pretrain": pretrain})})
     out.mkdir(parents=True, exist_ok=True)
-    prompt_ids, response_ids, rewards, groups = pretraining_samples(params, out / f"samples-{pretrain.prompts}.pkl")
+    prompt_ids, response_ids, rewards, groups = cached_samples(params, out / f"samples-{pretrain.prompts}.pkl")
     print(f"{len(response_ids)} responses, mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
 
     load_critic, explained_variance = critic_training.load_critic, critic_training.explained_variance
@@ -104,8 +91,7 @@ def main(out: Path, variant: dict) -> None:
     mask = pad_ragged(response_ids, 0, torch.long)[1]
     returns = critic_training.monte_carlo_returns(torch.tensor(rewards), mask, params.algorithm.resolve().gamma)
     targets = critic_training.ValueTargets(prompt_ids, response_ids, returns, None, mask)
-    n_groups = max(groups) + 1  # the held-out split of pretrain_critic, drawn the same way
-    held_out = set(random.Random(f"{params.seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
+    held_out = critic_training.held_out_groups(params.seed, max(groups) + 1)
     train = targets.rows([i for i, g in enumerate(groups) if g not in held_out])
     values = critic_training.predict(critic, train, params, tokenizer.pad_token_id)
     print(f"EV on its own training responses {explained_variance(values, train.returns, train.mask):.4f}")

@@ -165,6 +165,11 @@ def monte_carlo_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float)
     return (gamma ** (lengths - 1 - t).clamp(min=0).float()) * rewards.unsqueeze(1) * mask
 
 
+def held_out_groups(seed: int, n_groups: int) -> set[int]:
+    """The groups (prompts) value pretraining holds out to measure explained variance on: a seeded quarter."""
+    return set(random.Random(f"{seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
+
+
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
                     groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None) -> dict:
     """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
@@ -175,7 +180,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     returns = monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma)
     targets = ValueTargets(prompt_ids, response_ids, returns, None, mask)
     n_groups = max(groups) + 1
-    held_out = set(random.Random(f"{params.seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
+    held_out = held_out_groups(params.seed, n_groups)
     train_idx = [i for i, g in enumerate(groups) if g not in held_out]
     eval_rows = [i for i, g in enumerate(groups) if g in held_out]
     eval_targets = targets.rows(eval_rows)
