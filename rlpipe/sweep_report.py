@@ -1,0 +1,309 @@
+"""The report of a preset sweep (`rlpipe.sweep`): tables with 95% intervals over seeds, and plots.
+
+It reads `runs/*.json` of a sweep directory and writes `report.md`, `pass_at_1.png`, `lengths.png` and
+`difficulty.png` beside them. Partial sweeps are reported as they are: every row says how many seeds
+it has, and a preset with one seed has no interval.
+
+Intervals are Student-t intervals of the mean over seeds (n = 3 gives mean +- 4.30 s / sqrt(3)). A
+difference between two presets is taken seed by seed: the same seed gives both the same data, warm start
+and test prompts, so the pairing removes what the seed does to both (`paired_difference`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlpipe.atomic import atomic_write_text
+
+DEFAULT_TARGET = 0.65
+"""pass@1 for the rounds-to-target column: above every preset's first round on the reasoning task
+(grpo: 0.56 after round 1) and below where they end (0.70-0.74), so that it separates fast from slow."""
+
+CRITIC_PRESETS = ("ppo", "orz", "vapo")
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    mean: float
+    half_width: float | None
+    """Of the 95% interval; None with fewer than 2 values."""
+    n: int
+
+    def __str__(self) -> str:
+        if self.n == 0:
+            return "-"
+        return f"{self.mean:.3f}" + (f" ± {self.half_width:.3f}" if self.half_width is not None else "")
+
+    def signed(self, scale: float = 1.0, digits: int = 3) -> str:
+        if self.n == 0:
+            return "-"
+        text = f"{self.mean * scale:+.{digits}f}"
+        return text + (f" ± {self.half_width * scale:.{digits}f}" if self.half_width is not None else "")
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.half_width is not None and abs(self.mean) > self.half_width
+
+
+def estimate(values: list[float]) -> Estimate:
+    """Mean and the half-width of its 95% Student-t interval."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    n = len(values)
+    if n == 0:
+        return Estimate(float("nan"), None, 0)
+    mean = sum(values) / n
+    if n < 2:
+        return Estimate(mean, None, n)
+    from scipy.stats import t
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return Estimate(mean, float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n), n)
+
+
+def paired_difference(a: dict[int, float | None], b: dict[int, float | None]) -> Estimate:
+    """Mean of a - b over the seeds both have, with its 95% interval."""
+    return estimate([a[s] - b[s] for s in sorted(a.keys() & b.keys()) if a[s] is not None and b[s] is not None])
+
+
+# -- what a run record holds ----------------------------------------------------------------------
+
+@dataclass
+class RunRecord:
+    preset: str
+    seed: int
+    raw: dict
+
+    @property
+    def eval(self) -> dict:
+        return self.raw["eval"]
+
+    @property
+    def curve(self) -> list[dict]:
+        return sorted(self.eval["curve"], key=lambda p: p["round"])
+
+    @property
+    def rounds(self) -> int:
+        return max(p["round"] for p in self.curve)
+
+    def stage(self, stage: str, round_index: int | None = None) -> dict:
+        round_name = "" if round_index is None else f"r{round_index}"
+        # MLflow names a round's stage run `reward@r1`; its rlpipe.round tag says `r1`
+        return next((s["metrics"] for s in self.raw["stages"]
+                     if s["stage"].partition("@")[0] == stage and s["round"] == round_name), {})
+
+    def per_round(self, stage: str, key: str) -> list[float | None]:
+        """The metric of rounds 1..N (None where the stage did not log it)."""
+        return [self.stage(stage, k).get(key) for k in range(1, self.rounds + 1)]
+
+    def rounds_to(self, target: float) -> int | None:
+        return next((p["round"] for p in self.curve if p["pass@1"] >= target), None)
+
+
+def load_records(out: Path) -> list[RunRecord]:
+    records = []
+    for path in sorted((out / "runs").glob("*.json")):
+        raw = json.loads(path.read_text())
+        records.append(RunRecord(raw["preset"], raw["seed"], raw))
+    return records
+
+
+def pretraining_metrics(records: list[RunRecord], seed: int) -> dict:
+    """Value pretraining of a seed: logged by the first critic preset that ran it (the others of that
+    seed restored it from the run cache; critic-free presets log only `value/critic: 0`)."""
+    return next((m for r in records if r.seed == seed and "value/explained_variance" in (m := r.stage("value_pretrain"))), {})
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+def by_preset(records: list[RunRecord]) -> dict[str, list[RunRecord]]:
+    groups: dict[str, list[RunRecord]] = {}
+    for record in records:
+        groups.setdefault(record.preset, []).append(record)
+    return groups
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def headline_table(groups: dict[str, list[RunRecord]], target: float) -> list[str]:
+    lines = [f"| preset | seeds | pass@1 init | pass@1 final (95% CI) | gain | pass@k final | rounds to {target} "
+             "(per seed) | length correct / incorrect, round 1 | the same, last round |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for preset, runs in groups.items():
+        reached = [r.rounds_to(target) for r in sorted(runs, key=lambda r: r.seed)]
+        first = [estimate([r.stage("reward", 1).get(f"reward/length_{k}_mean") for r in runs]) for k in ("correct", "incorrect")]
+        last = [estimate([r.stage("reward", r.rounds).get(f"reward/length_{k}_mean") for r in runs])
+                for k in ("correct", "incorrect")]
+        lines.append(
+            f"| {preset} | {len(runs)} | {estimate([r.eval['pass@1_init'] for r in runs]).mean:.3f} | "
+            f"{estimate([r.eval['pass@1'] for r in runs])} | "
+            f"{estimate([r.eval['pass@1'] - r.eval['pass@1_init'] for r in runs]).signed()} | "
+            f"{estimate([r.eval['pass@k'] for r in runs])} | "
+            f"{', '.join('never' if k is None else str(k) for k in reached)} | "
+            f"{_f(first[0].mean)} / {_f(first[1].mean)} | {_f(last[0].mean)} / {_f(last[1].mean)} |")
+    return lines
+
+
+def lengths_table(groups: dict[str, list[RunRecord]]) -> list[str]:
+    rounds = max(r.rounds for runs in groups.values() for r in runs)
+    lines = ["| preset | " + " | ".join(f"r{k}" for k in range(1, rounds + 1)) + " |",
+             "|---|" + "---|" * rounds]
+    for preset, runs in groups.items():
+        cells = []
+        for k in range(rounds):
+            correct = estimate([r.per_round("reward", "reward/length_correct_mean")[k] for r in runs if k < r.rounds])
+            wrong = estimate([r.per_round("reward", "reward/length_incorrect_mean")[k] for r in runs if k < r.rounds])
+            cells.append(f"{_f(correct.mean)} / {_f(wrong.mean)}")
+        lines.append(f"| {preset} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def buckets_of(groups: dict[str, list[RunRecord]]) -> list[str]:
+    buckets = {b for runs in groups.values() for r in runs for b in r.eval.get("by_difficulty", {})}
+
+    def order(bucket: str) -> tuple:  # "n4-carry": operand count, then no carry before carry
+        count, _, kind = bucket.partition("-")
+        return (int(count[1:]) if count[1:].isdigit() else 0, kind)
+
+    return sorted(buckets, key=order)
+
+
+def difficulty_table(groups: dict[str, list[RunRecord]]) -> list[str]:
+    buckets = buckets_of(groups)
+    if not buckets:
+        return []
+    runs0 = next(iter(groups.values()))
+    init = [estimate([r.eval["by_difficulty"][b]["pass@1_init"] for r in runs0 if b in r.eval["by_difficulty"]])
+            for b in buckets]
+    lines = ["| preset | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets),
+             "| (init) | " + " | ".join(f"{e.mean:.2f}" for e in init) + " |"]
+    for preset, runs in groups.items():
+        cells = [estimate([r.eval["by_difficulty"][b]["pass@1"] for r in runs if b in r.eval.get("by_difficulty", {})])
+                 for b in buckets]
+        lines.append(f"| {preset} | " + " | ".join(
+            f"{e.mean:.2f}" + (f" ± {e.half_width:.2f}" if e.half_width is not None else "") for e in cells) + " |")
+    return lines
+
+
+def critic_table(groups: dict[str, list[RunRecord]], records: list[RunRecord]) -> list[str]:
+    critics = {p: runs for p, runs in groups.items() if any(r.stage("update", 1).get("value/explained_variance")
+                                                           is not None for r in runs)}
+    if not critics:
+        return []
+    rounds = max(r.rounds for runs in critics.values() for r in runs)
+    lines = ["Critic EV on the round's batch (update, the critic of the round before) / the critic's EV as a "
+             "fraction of the oracle's on the probed responses (advantage), mean over seeds:", "",
+             "| preset | after pretraining | " + " | ".join(f"r{k}" for k in range(1, rounds + 1)) + " |",
+             "|---|---|" + "---|" * rounds]
+    seeds = sorted({r.seed for runs in critics.values() for r in runs})
+    pre = [pretraining_metrics(records, s) for s in seeds]
+    pretrained = (f"{_f(estimate([m.get('value/explained_variance') for m in pre]).mean, 2)} / "
+                  f"{_f(estimate([m.get('value/ev_fraction_of_ceiling') for m in pre]).mean, 2)}")
+    for preset, runs in critics.items():
+        cells = []
+        for k in range(1, rounds + 1):
+            ev = estimate([r.stage("update", k).get("value/explained_variance") for r in runs])
+            frac = estimate([r.stage("advantage", k).get("value/ev_fraction_of_ceiling") for r in runs])
+            cells.append(f"{_f(ev.mean, 2)} / {_f(frac.mean, 2)}")
+        lines.append(f"| {preset} | {pretrained} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(out: Path, target: float = DEFAULT_TARGET) -> Path:
+    records = load_records(out)
+    spec = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").exists() else {}
+    groups = by_preset(sorted(records, key=lambda r: (spec.get("presets", []).index(r.preset)
+                                                      if r.preset in spec.get("presets", []) else 99, r.seed)))
+    planned = len(spec.get("presets", [])) * len(spec.get("seeds", []))
+    lines = [f"# Preset sweep: {spec.get('params_file', '?')}", "",
+             f"{len(records)} of {planned or '?'} runs recorded; code {spec.get('code_commit', '?')}; "
+             f"overrides {' '.join(spec.get('overrides', [])) or 'none'}. Intervals are 95% Student-t over seeds.", ""]
+    if records:
+        lines += ["## Held-out pass@1 (greedy), and lengths of the round's sampled responses", "",
+                  *headline_table(groups, target), "",
+                  "## Mean length of correct / incorrect sampled responses per round (training samples)", "",
+                  *lengths_table(groups), ""]
+        if table := difficulty_table(groups):
+            lines += ["## Held-out greedy pass@1 by difficulty after the last round (95% CI over seeds)", "", *table, ""]
+        if table := critic_table(groups, records):
+            lines += ["## The critic", "", *table, ""]
+        pictures = plot_sweep(groups, out)
+        lines += [f"![{p.stem}]({p.name})" for p in pictures]
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+# -- plots ----------------------------------------------------------------------------------------
+
+def plot_sweep(groups: dict[str, list[RunRecord]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pictures = []
+
+    def band(ax, xs, estimates, label):
+        means = [e.mean for e in estimates]
+        line, = ax.plot(xs, means, marker="o", markersize=3, label=label)
+        if all(e.half_width is not None for e in estimates):
+            ax.fill_between(xs, [e.mean - e.half_width for e in estimates], [e.mean + e.half_width for e in estimates],
+                            color=line.get_color(), alpha=0.12)
+
+    # pass@1 per round
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for preset, runs in groups.items():
+        rounds = min(r.rounds for r in runs)
+        band(ax, list(range(rounds + 1)), [estimate([r.curve[k]["pass@1"] for r in runs]) for k in range(rounds + 1)],
+             f"{preset} (n={len(runs)})")
+    ax.set(xlabel="round", ylabel="held-out pass@1 (greedy)", title="pass@1 per round, mean and 95% CI over seeds")
+    ax.legend(fontsize=7, ncol=2)
+    pictures.append(_save(fig, out / "pass_at_1.png"))
+
+    # lengths of correct and incorrect responses per round
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, kind in zip(axes, ("correct", "incorrect")):
+        for preset, runs in groups.items():
+            rounds = min(r.rounds for r in runs)
+            band(ax, list(range(1, rounds + 1)),
+                 [estimate([r.per_round("reward", f"reward/length_{kind}_mean")[k] for r in runs]) for k in range(rounds)],
+                 preset)
+        ax.set(xlabel="round", ylabel=f"mean length of {kind} responses (tokens)",
+               title=f"{kind} sampled responses, mean and 95% CI over seeds")
+    axes[0].legend(fontsize=7, ncol=2)
+    pictures.append(_save(fig, out / "lengths.png"))
+
+    # accuracy by difficulty after the last round
+    buckets = buckets_of(groups)
+    if buckets:
+        fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(buckets)), 4.5))
+        width = 0.8 / max(len(groups), 1)
+        for i, (preset, runs) in enumerate(groups.items()):
+            cells = [estimate([r.eval["by_difficulty"][b]["pass@1"] for r in runs if b in r.eval.get("by_difficulty", {})])
+                     for b in buckets]
+            ax.bar([j + (i - (len(groups) - 1) / 2) * width for j in range(len(buckets))], [e.mean for e in cells],
+                   width, yerr=[e.half_width or 0 for e in cells], capsize=2, label=preset)
+        ax.set_xticks(range(len(buckets)), buckets, rotation=30, fontsize=8)
+        ax.set(xlabel="difficulty bucket (operands, carry)", ylabel="held-out pass@1 (greedy), last round",
+               title="accuracy by difficulty, mean and 95% CI over seeds", ylim=(0, 1))
+        ax.legend(fontsize=7, ncol=4)
+        pictures.append(_save(fig, out / "difficulty.png"))
+    return pictures
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
