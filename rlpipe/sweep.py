@@ -3,11 +3,11 @@
 `scripts/preset_sweep.py` is the command line. A sweep lives in one directory (`--out`):
 
 - `project/`: a scratch git + DVC project (`rlpipe.scratch_project`) holding a copy of this checkout's
-  code and the sweep's params file, made once. Every run is `dvc exp run --temp -n <preset>-s<seed>`
+  code and the sweep's params file, made once. Every run is `dvc exp run --temp -n <run>-s<seed>`
   in it, so all runs share its DVC cache and run cache (a seed's data and warm start are computed once,
   by a warm-up run per seed before the presets start) and its MLflow store (`project/mlflow.db`). Its
   stages import the copied code (PYTHONPATH), so editing the checkout during a sweep changes nothing.
-- `runs/<preset>-s<seed>.json`: one record per finished run, written atomically as soon as it finishes:
+- `runs/<run>-s<seed>.json`: one record per finished run, written atomically as soon as it finishes:
   eval.json from the experiment's commit, every stage's metrics from MLflow, and the wall time. A sweep
   started again skips the runs that have a record: killing it loses at most the runs in flight.
 - `sweep.json`: what the sweep is (code commit, params, overrides, presets, seeds). A restart may add
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -45,6 +46,7 @@ class SweepSpec:
     overrides: tuple[str, ...]
     """`-S key=value` applied to every run."""
     presets: tuple[str, ...]
+    """Run entries: a preset, or a preset with its own overrides (`vapo+value.pretrain.max_steps=0`)."""
     seeds: tuple[int, ...]
     code_commit: str = ""
     """The checkout's commit when the project was made (with `+dirty` for uncommitted changes)."""
@@ -54,8 +56,15 @@ class SweepSpec:
         return [(preset, seed) for seed in self.seeds for preset in self.presets]
 
 
-def run_name(preset: str, seed: int) -> str:
-    return f"{preset.replace('_', '-')}-s{seed}"
+def parse_entry(entry: str) -> tuple[str, list[str]]:
+    """`vapo+value.pretrain.max_steps=0` -> ("vapo", ["value.pretrain.max_steps=0"])."""
+    preset, *overrides = entry.split("+")
+    return preset, overrides
+
+
+def run_name(entry: str, seed: int) -> str:
+    """The experiment's name and the record's file name: a git ref name, so only letters, digits and -."""
+    return f"{re.sub(r'[^A-Za-z0-9]+', '-', entry).strip('-')}-s{seed}"
 
 
 def code_commit() -> str:
@@ -158,7 +167,8 @@ class Sweep:
         wall = None
         if not self.experiment_ref(name):  # else it finished before a kill, and only its record is missing
             self.say(f"{name} ...")
-            wall = self.exp_run(name, [f"seed={seed}", f"algorithm.preset={preset}"])
+            base, overrides = parse_entry(preset)
+            wall = self.exp_run(name, [f"seed={seed}", f"algorithm.preset={base}", *overrides])
         record = self.collect(name, preset, seed, wall)
         atomic_write_text(self.record_path(preset, seed), json.dumps(record, indent=1) + "\n")
         self.say(f"{name}: pass@1 {record['eval']['pass@1_init']:.3f} -> {record['eval']['pass@1']:.3f}"
@@ -168,7 +178,7 @@ class Sweep:
         ref = self.experiment_ref(name)
         eval_json = subprocess.run(["git", "show", f"{ref}:runs/metrics/eval.json"], cwd=self.project,
                                    capture_output=True, text=True, check=True).stdout
-        return {"preset": preset, "seed": seed, "experiment": name, "wall_seconds": wall,
+        return {"preset": parse_entry(preset)[0], "label": preset, "seed": seed, "experiment": name, "wall_seconds": wall,
                 "code_commit": self.spec.code_commit, "eval": json.loads(eval_json), "stages": self.stage_metrics(name)}
 
     def stage_metrics(self, name: str) -> list[dict]:
@@ -223,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="preset_sweep.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("presets", nargs="*", help="presets to run (default: all)")
+    parser.add_argument("presets", nargs="*", help="presets to run (default: all); PRESET+KEY=VALUE[+KEY=VALUE] "
+                        "runs a preset with overrides of its own, as a row of its own")
     parser.add_argument("--params", default="params.yaml", help="params file the project starts from")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run each preset with")
     parser.add_argument("-S", dest="overrides", action="append", default=[],
@@ -234,9 +245,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="pass@1 for the report's rounds-to-target column (default: the report's)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the records; run nothing")
     args = parser.parse_args(argv)
-    unknown = [p for p in args.presets if p not in PRESETS]
+    unknown = [p for p in args.presets if parse_entry(p)[0] not in PRESETS]
     if unknown:
         parser.error(f"unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
+    malformed = [o for p in args.presets for o in parse_entry(p)[1] if "=" not in o]
+    if malformed:
+        parser.error(f"override(s) without a value: {', '.join(malformed)}; write PRESET+KEY=VALUE")
     if not args.report_only:
         params_file = Path(args.params)
         if not params_file.is_file():

@@ -22,9 +22,6 @@ DEFAULT_TARGET = 0.65
 """pass@1 for the rounds-to-target column: above every preset's first round on the reasoning task
 (grpo: 0.56 after round 1) and below where they end (0.70-0.74), so that it separates fast from slow."""
 
-CRITIC_PRESETS = ("ppo", "orz", "vapo")
-
-
 # -- statistics -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -75,6 +72,7 @@ def paired_difference(a: dict[int, float | None], b: dict[int, float | None]) ->
 @dataclass
 class RunRecord:
     preset: str
+    """The run's entry: a preset, or a preset with its own overrides (`vapo+value.pretrain.max_steps=0`)."""
     seed: int
     raw: dict
 
@@ -108,7 +106,7 @@ def load_records(out: Path) -> list[RunRecord]:
     records = []
     for path in sorted((out / "runs").glob("*.json")):
         raw = json.loads(path.read_text())
-        records.append(RunRecord(raw["preset"], raw["seed"], raw))
+        records.append(RunRecord(raw.get("label", raw["preset"]), raw["seed"], raw))
     return records
 
 
@@ -116,6 +114,112 @@ def pretraining_metrics(records: list[RunRecord], seed: int) -> dict:
     """Value pretraining of a seed: logged by the first critic preset that ran it (the others of that
     seed restored it from the run cache; critic-free presets log only `value/critic: 0`)."""
     return next((m for r in records if r.seed == seed and "value/explained_variance" in (m := r.stage("value_pretrain"))), {})
+
+
+# -- the seed's claims, as paired contrasts ------------------------------------------------------
+
+def last_round(record: RunRecord, stage: str, key: str) -> float | None:
+    return record.stage(stage, record.rounds).get(key)
+
+
+def bucket_gain(record: RunRecord, predicate) -> float | None:
+    """Mean gain of held-out greedy pass@1 (last round - init) over the difficulty buckets `predicate` picks."""
+    gains = [b["pass@1"] - b["pass@1_init"] for name, b in record.eval.get("by_difficulty", {}).items() if predicate(name)]
+    return sum(gains) / len(gains) if gains else None
+
+
+def operands(bucket: str) -> int:
+    return int(bucket.split("-")[0][1:])
+
+
+def mean_over_rounds(record: RunRecord, stage: str, key: str) -> float | None:
+    values = [v for v in record.per_round(stage, key) if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def difference(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
+
+
+NO_PRETRAINING = "vapo+value.pretrain.max_steps=0"
+"""The sweep entry of VAPO without value pretraining (its critic starts from the init policy's weights)."""
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One claim of the seed as a difference between two presets, seed by seed."""
+    claim: str
+    treated: str
+    reference: str
+    measure: str
+    """What is compared, in words (the report's column)."""
+    value: object
+    """RunRecord -> float | None."""
+    predicted: int
+    """The sign the claim predicts for treated - reference."""
+    scale: float = 1.0
+    """For display: 100 shows a rate in points."""
+
+
+CONTRASTS = (
+    Contrast("GRPO's 1/T prefers short correct answers", "grpo", "dr_grpo",
+             "length of correct responses, last round (tokens)",
+             lambda r: last_round(r, "reward", "reward/length_correct_mean"), -1),
+    Contrast("DAPO's 1/T-hat favours prompts whose answers are short on average", "dapo", "dr_grpo",
+             "gain on 2-operand prompts minus gain on 5-operand prompts (points)",
+             lambda r: difference(bucket_gain(r, lambda b: operands(b) == 2), bucket_gain(r, lambda b: operands(b) == 5)),
+             +1, 100),
+    Contrast("1/sqrt(p(1-p)) weights hard prompts up (GRPO against Dr.GRPO)", "grpo", "dr_grpo",
+             "gain on carry prompts of 4-5 operands (points)",
+             lambda r: bucket_gain(r, lambda b: operands(b) >= 4 and b.endswith("-carry")), +1, 100),
+    # both estimate grad J without bias, so E|g|^2 = |grad J|^2 + tr Cov(g) differs by the variance alone
+    Contrast("REINFORCE without a baseline has high variance (against RLOO)", "reinforce", "rloo",
+             "gradient norm before clipping, mean over rounds", lambda r: mean_over_rounds(r, "update", "update/grad_norm_mean"), +1),
+    Contrast("PPO's advantage is biased by a poor critic; ORZ's lambda = gamma = 1 removes it", "orz", "ppo",
+             "final pass@1 (points)", lambda r: r.eval["pass@1"], +1, 100),
+    Contrast("REINFORCE++ adapts its step size (its gradient shrinks as rewards saturate)", "reinforce_pp", "grpo",
+             "grad norm, last round / round 1",
+             lambda r: ratio(last_round(r, "update", "update/grad_norm_mean"),
+                             r.stage("update", 1).get("update/grad_norm_mean")), -1),
+    Contrast("Dr.GRPO adapts its step size (its gradient shrinks as rewards saturate)", "dr_grpo", "grpo",
+             "grad norm, last round / round 1",
+             lambda r: ratio(last_round(r, "update", "update/grad_norm_mean"),
+                             r.stage("update", 1).get("update/grad_norm_mean")), -1),
+    Contrast("VAPO needs a pretrained critic for token-level credit", "vapo", NO_PRETRAINING,
+             "critic EV on round 1's batch", lambda r: r.stage("update", 1).get("value/explained_variance"), +1),
+    Contrast("VAPO needs a pretrained critic for token-level credit", "vapo", NO_PRETRAINING,
+             "final pass@1 (points)", lambda r: r.eval["pass@1"], +1, 100),
+)
+
+
+def verdict(difference: Estimate, predicted: int) -> str:
+    if difference.n < 2:
+        return "too few seeds"
+    if not difference.excludes_zero:
+        return "not shown"
+    return "shown" if (difference.mean > 0) == (predicted > 0) else "contradicted"
+
+
+def contrasts_table(records: list[RunRecord]) -> list[str]:
+    runs = {(r.preset, r.seed): r for r in records}
+    lines = ["| claim | treated - reference | measure | predicted | treated | reference | paired difference "
+             "(95% CI) | seeds | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in CONTRASTS:
+        treated = {s: c.value(r) for (p, s), r in runs.items() if p == c.treated}
+        reference = {s: c.value(r) for (p, s), r in runs.items() if p == c.reference}
+        if not treated or not reference:
+            continue
+        difference = paired_difference(treated, reference)
+        digits = 1 if c.scale != 1 else 3
+        mean = lambda values: estimate(list(values.values())).mean * c.scale
+        lines.append(f"| {c.claim} | {c.treated} - {c.reference} | {c.measure} | {'+' if c.predicted > 0 else '-'} | "
+                     f"{mean(treated):.{digits}f} | {mean(reference):.{digits}f} | "
+                     f"{difference.signed(c.scale, digits)} | {difference.n} | {verdict(difference, c.predicted)} |")
+    return lines if len(lines) > 2 else []
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -167,7 +271,7 @@ def lengths_table(groups: dict[str, list[RunRecord]]) -> list[str]:
 def buckets_of(groups: dict[str, list[RunRecord]]) -> list[str]:
     buckets = {b for runs in groups.values() for r in runs for b in r.eval.get("by_difficulty", {})}
 
-    def order(bucket: str) -> tuple:  # "n4-carry": operand count, then no carry before carry
+    def order(bucket: str) -> tuple:  # "n4-carry": by operand count, then by name
         count, _, kind = bucket.partition("-")
         return (int(count[1:]) if count[1:].isdigit() else 0, kind)
 
@@ -233,6 +337,11 @@ def write_report(out: Path, target: float = DEFAULT_TARGET) -> Path:
             lines += ["## Held-out greedy pass@1 by difficulty after the last round (95% CI over seeds)", "", *table, ""]
         if table := critic_table(groups, records):
             lines += ["## The critic", "", *table, ""]
+        if table := contrasts_table(records):
+            lines += ["## The seed's claims as paired contrasts", "",
+                      "Each difference is treated - reference seed by seed (the same data, warm start and test "
+                      "prompts); the verdict is `shown` where its 95% interval excludes 0 on the predicted side.",
+                      "", *table, ""]
         pictures = plot_sweep(groups, out)
         lines += [f"![{p.stem}]({p.name})" for p in pictures]
     path = out / "report.md"

@@ -1,6 +1,6 @@
 """The preset sweep (rlpipe/sweep.py) end to end on the miniature params: runs through `dvc exp run
 --temp` two at a time, one record per run with its eval.json and every stage's MLflow metrics, a resumed
-sweep that runs nothing twice, and a restart with other params refused."""
+sweep that runs nothing twice, and a restart with other params refused; and the command line's checks."""
 
 import json
 import subprocess
@@ -9,9 +9,7 @@ import pytest
 
 from scratch import MINI_PARAMS
 
-from rlpipe.sweep import main, run_name
-
-pytestmark = pytest.mark.slow
+from rlpipe.sweep import main, parse_entry, run_name
 
 
 def experiment_refs(project):
@@ -19,6 +17,7 @@ def experiment_refs(project):
                           capture_output=True, text=True, check=True).stdout.split()
 
 
+@pytest.mark.slow
 def test_a_sweep_records_every_run_resumes_and_refuses_other_params(tmp_path, capsys):
     out = tmp_path / "sweep"
     args = ["--params", str(MINI_PARAMS), "--seeds", "0", "1", "--jobs", "2", "--out", str(out), "grpo"]
@@ -56,3 +55,23 @@ def test_a_sweep_records_every_run_resumes_and_refuses_other_params(tmp_path, ca
     other.write_text(MINI_PARAMS.read_text().replace("rounds: 2", "rounds: 3"))
     with pytest.raises(SystemExit, match="other params_text"):
         main(["--params", str(other), "--out", str(out), "grpo"])
+
+
+def test_a_run_entry_is_a_preset_with_overrides_of_its_own():
+    assert parse_entry("vapo+value.pretrain.max_steps=0+update.lr=0.001") == (
+        "vapo", ["value.pretrain.max_steps=0", "update.lr=0.001"])
+    assert parse_entry("dr_grpo") == ("dr_grpo", [])
+    assert run_name("dr_grpo", 2) == "dr-grpo-s2"
+    assert run_name("vapo+value.pretrain.max_steps=0", 0) == "vapo-value-pretrain-max-steps-0-s0"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["grpoo"], "unknown preset(s) grpoo"),
+    (["vapo+value.pretrain.max_steps"], "override(s) without a value: value.pretrain.max_steps"),
+    (["--params", "nowhere.yaml", "grpo"], "--params: no file nowhere.yaml"),
+    (["--report-only"], "holds no sweep"),
+])
+def test_the_command_line_names_what_is_wrong(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "sweep"), *args])
+    assert message in capsys.readouterr().err

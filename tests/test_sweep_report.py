@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlpipe.sweep_report import RunRecord, estimate, load_records, paired_difference, write_report
+from rlpipe.sweep_report import Estimate, RunRecord, estimate, load_records, paired_difference, verdict, write_report
 
 
 def test_estimate_is_the_student_t_interval_of_the_mean():
@@ -106,3 +106,22 @@ def test_an_empty_sweep_reports_that_nothing_ran(tmp_path):
     (tmp_path / "runs").mkdir()
     text = write_report(tmp_path).read_text()
     assert "0 of ? runs recorded" in text and "| preset |" not in text
+
+
+def test_verdicts_follow_the_interval_and_the_predicted_sign():
+    assert verdict(Estimate(-2.0, 1.0, 3), -1) == "shown"
+    assert verdict(Estimate(2.0, 1.0, 3), -1) == "contradicted"
+    assert verdict(Estimate(-2.0, 3.0, 3), -1) == "not shown"
+    assert verdict(Estimate(-2.0, None, 1), -1) == "too few seeds"
+
+
+def test_the_claims_table_pairs_seeds(sweep_dir):
+    buckets = {"n2-carry": (0.3, 0.6)}
+    for seed, length in enumerate((30.0, 31.0, 31.0)):  # grpo's last-round correct lengths: 24, 26, 25
+        raw = record("dr_grpo", seed, [0.3, 0.5, 0.6], [20, length], [10, 30], buckets)
+        (sweep_dir / "runs" / f"dr-grpo-s{seed}.json").write_text(json.dumps(raw))
+    text = write_report(sweep_dir).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| GRPO's 1/T prefers short correct answers"))
+    # differences -6, -5, -6, seed by seed
+    assert f"| 25.000 | 30.667 | {estimate([-6.0, -5.0, -6.0]).signed()} | 3 | shown |" in row
+    assert estimate([-6.0, -5.0, -6.0]).signed() == "-5.667 ± 1.434"
