@@ -72,14 +72,15 @@ def code_commit() -> str:
         return subprocess.run(["git", *args], cwd=CHECKOUT, capture_output=True, text=True).stdout.strip()
 
     sha = git("rev-parse", "--short", "HEAD")
-    return sha + ("+dirty" if git("status", "--porcelain", "--", "rlpipe", "stages") else "")
+    # the sweep's own files run no stage, so their edits do not make the runs' code dirty
+    changed = git("status", "--porcelain", "--", "rlpipe", "stages", ":!rlpipe/sweep.py", ":!rlpipe/sweep_report.py")
+    return sha + ("+dirty" if changed else "")
 
 
 @dataclass
 class Sweep:
     out: Path
     spec: SweepSpec
-    log: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -90,8 +91,8 @@ class Sweep:
     def records(self) -> Path:
         return self.out / "runs"
 
-    def record_path(self, preset: str, seed: int) -> Path:
-        return self.records / f"{run_name(preset, seed)}.json"
+    def record_path(self, entry: str, seed: int) -> Path:
+        return self.records / f"{run_name(entry, seed)}.json"
 
     def say(self, text: str) -> None:
         with self._lock:
@@ -160,25 +161,25 @@ class Sweep:
         wall = self.exp_run(name, [f"seed={seed}"], ["init"])
         self.say(f"seed {seed}: warm start done, {wall:.0f} s")
 
-    def run_one(self, preset: str, seed: int) -> None:
-        name = run_name(preset, seed)
-        if self.record_path(preset, seed).exists():
+    def run_one(self, entry: str, seed: int) -> None:
+        name = run_name(entry, seed)
+        if self.record_path(entry, seed).exists():
             return
         wall = None
         if not self.experiment_ref(name):  # else it finished before a kill, and only its record is missing
             self.say(f"{name} ...")
-            base, overrides = parse_entry(preset)
-            wall = self.exp_run(name, [f"seed={seed}", f"algorithm.preset={base}", *overrides])
-        record = self.collect(name, preset, seed, wall)
-        atomic_write_text(self.record_path(preset, seed), json.dumps(record, indent=1) + "\n")
+            preset, overrides = parse_entry(entry)
+            wall = self.exp_run(name, [f"seed={seed}", f"algorithm.preset={preset}", *overrides])
+        record = self.collect(name, entry, seed, wall)
+        atomic_write_text(self.record_path(entry, seed), json.dumps(record, indent=1) + "\n")
         self.say(f"{name}: pass@1 {record['eval']['pass@1_init']:.3f} -> {record['eval']['pass@1']:.3f}"
                  + (f", {wall:.0f} s" if wall else ""))
 
-    def collect(self, name: str, preset: str, seed: int, wall: float | None) -> dict:
+    def collect(self, name: str, entry: str, seed: int, wall: float | None) -> dict:
         ref = self.experiment_ref(name)
         eval_json = subprocess.run(["git", "show", f"{ref}:runs/metrics/eval.json"], cwd=self.project,
                                    capture_output=True, text=True, check=True).stdout
-        return {"preset": parse_entry(preset)[0], "label": preset, "seed": seed, "experiment": name, "wall_seconds": wall,
+        return {"preset": parse_entry(entry)[0], "label": entry, "seed": seed, "experiment": name, "wall_seconds": wall,
                 "code_commit": self.spec.code_commit, "eval": json.loads(eval_json), "stages": self.stage_metrics(name)}
 
     def stage_metrics(self, name: str) -> list[dict]:
@@ -211,10 +212,10 @@ class Sweep:
                 self.say(str(err))
                 return False
 
-        def after_warm_up(preset: str, seed: int) -> None:
+        def after_warm_up(entry: str, seed: int) -> None:
             if not warmed[seed].result():
-                raise RuntimeError(f"{run_name(preset, seed)}: not run, the warm-up of seed {seed} failed")
-            self.run_one(preset, seed)
+                raise RuntimeError(f"{run_name(entry, seed)}: not run, the warm-up of seed {seed} failed")
+            self.run_one(entry, seed)
 
         with ThreadPoolExecutor(jobs) as pool:
             # the warm-ups first, so that no thread waits on a warm-up queued behind it
