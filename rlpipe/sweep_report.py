@@ -169,6 +169,9 @@ CONTRASTS = (
     Contrast("GRPO's 1/T prefers short correct answers", "grpo", "dr_grpo",
              "length of correct responses, last round (tokens)",
              lambda r: last_round(r, "reward", "reward/length_correct_mean"), -1),
+    Contrast("GRPO's 1/T prefers short correct answers", "grpo", "dr_grpo",
+             "length of correct responses, mean over rounds (tokens)",
+             lambda r: mean_over_rounds(r, "reward", "reward/length_correct_mean"), -1),
     Contrast("DAPO's 1/T-hat favours prompts whose answers are short on average", "dapo", "dr_grpo",
              "gain on 2-operand prompts minus gain on 5-operand prompts (points)",
              lambda r: difference(bucket_gain(r, lambda b: operands(b) == 2), bucket_gain(r, lambda b: operands(b) == 5)),
@@ -197,17 +200,19 @@ CONTRASTS = (
 
 
 def verdict(difference: Estimate, predicted: int) -> str:
+    """What the interval says; whether that tests the claim is the reader's call (README, "What the seed
+    predicts, and what training shows")."""
     if difference.n < 2:
         return "too few seeds"
     if not difference.excludes_zero:
-        return "not shown"
-    return "shown" if (difference.mean > 0) == (predicted > 0) else "contradicted"
+        return "includes 0"
+    return "excludes 0, as predicted" if (difference.mean > 0) == (predicted > 0) else "excludes 0, opposite"
 
 
 def contrasts_table(records: list[RunRecord]) -> list[str]:
     runs = {(r.preset, r.seed): r for r in records}
     lines = ["| claim | treated - reference | measure | predicted | treated | reference | paired difference "
-             "(95% CI) | seeds | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+             "(95% CI) | seeds | the interval |", "|---|---|---|---|---|---|---|---|---|"]
     for c in CONTRASTS:
         treated = {s: c.value(r) for (p, s), r in runs.items() if p == c.treated}
         reference = {s: c.value(r) for (p, s), r in runs.items() if p == c.reference}
@@ -319,6 +324,20 @@ def critic_table(groups: dict[str, list[RunRecord]], records: list[RunRecord]) -
     return lines
 
 
+def batches_table(groups: dict[str, list[RunRecord]]) -> list[str]:
+    """What the update saw: the sampled responses' accuracy and reward std, and the gradient norm, in the
+    first and the last round (means over seeds)."""
+    lines = ["| preset | accuracy r1 / last | reward std r1 / last | grad norm r1 / last |", "|---|---|---|---|"]
+    for preset, runs in groups.items():
+        cells = []
+        for stage, key in (("reward", "reward/accuracy"), ("reward", "reward/std"), ("update", "update/grad_norm_mean")):
+            first = estimate([r.stage(stage, 1).get(key) for r in runs]).mean
+            last = estimate([last_round(r, stage, key) for r in runs]).mean
+            cells.append(f"{_f(first, 3)} / {_f(last, 3)}")
+        lines.append(f"| {preset} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(out: Path, target: float = DEFAULT_TARGET) -> Path:
     records = load_records(out)
     spec = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").exists() else {}
@@ -338,9 +357,11 @@ def write_report(out: Path, target: float = DEFAULT_TARGET) -> Path:
         if table := critic_table(groups, records):
             lines += ["## The critic", "", *table, ""]
         if table := contrasts_table(records):
-            lines += ["## The seed's claims as paired contrasts", "",
-                      "Each difference is treated - reference seed by seed (the same data, warm start and test "
-                      "prompts); the verdict is `shown` where its 95% interval excludes 0 on the predicted side.",
+            lines += ["## The training batches", "", *batches_table(groups), ""]
+        lines += ["## The seed's claims as paired contrasts", "",
+                  "Each difference is treated - reference seed by seed (the same data, warm start and test "
+                  "prompts), with its 95% interval; the last column says whether the interval excludes 0, and "
+                  "on which side.",
                       "", *table, ""]
         pictures = plot_sweep(groups, out)
         lines += [f"![{p.stem}]({p.name})" for p in pictures]

@@ -34,7 +34,8 @@ def test_paired_difference_takes_the_seeds_both_have():
 def record(preset: str, seed: int, curve: list[float], correct_len: list[float], wrong_len: list[float],
            buckets: dict[str, tuple[float, float]], critic: list[float] | None = None) -> dict:
     stages = [{"stage": f"reward@r{k}", "round": f"r{k}", "metrics": {"reward/length_correct_mean": c,
-                                                                 "reward/length_incorrect_mean": w}}
+                                                                 "reward/length_incorrect_mean": w,
+                                                                 "reward/accuracy": 0.2 * k, "reward/std": 0.4}}
               for k, (c, w) in enumerate(zip(correct_len, wrong_len), start=1)]
     if critic:
         stages += [{"stage": "update", "round": f"r{k}", "metrics": {"value/explained_variance": ev}}
@@ -95,6 +96,8 @@ def test_the_report_holds_every_table_and_plot(sweep_dir):
     assert header == "| preset | n2-carry | n2-plain | n3-carry |"
     assert "| (init) | 0.30 | 0.50 | 0.10 |" in text
     assert "| ppo | 0.60 | 0.90 | 0.30 |" in text
+    # the training batches: round 1 and the last round; no update metrics in these records
+    assert "| grpo | 0.200 / 0.400 | 0.400 / 0.400 | - / - |" in text
     # the critic: pretraining from the seed that ran it, then per round EV / fraction of the ceiling
     assert "| ppo | 0.30 / 0.50 | 0.40 / 0.50 | 0.60 / 0.75 |" in text
     for picture in ("pass_at_1.png", "lengths.png", "difficulty.png"):
@@ -109,9 +112,9 @@ def test_an_empty_sweep_reports_that_nothing_ran(tmp_path):
 
 
 def test_verdicts_follow_the_interval_and_the_predicted_sign():
-    assert verdict(Estimate(-2.0, 1.0, 3), -1) == "shown"
-    assert verdict(Estimate(2.0, 1.0, 3), -1) == "contradicted"
-    assert verdict(Estimate(-2.0, 3.0, 3), -1) == "not shown"
+    assert verdict(Estimate(-2.0, 1.0, 3), -1) == "excludes 0, as predicted"
+    assert verdict(Estimate(2.0, 1.0, 3), -1) == "excludes 0, opposite"
+    assert verdict(Estimate(-2.0, 3.0, 3), -1) == "includes 0"
     assert verdict(Estimate(-2.0, None, 1), -1) == "too few seeds"
 
 
@@ -123,5 +126,5 @@ def test_the_claims_table_pairs_seeds(sweep_dir):
     text = write_report(sweep_dir).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| GRPO's 1/T prefers short correct answers"))
     # differences -6, -5, -6, seed by seed
-    assert f"| 25.000 | 30.667 | {estimate([-6.0, -5.0, -6.0]).signed()} | 3 | shown |" in row
+    assert f"| 25.000 | 30.667 | {estimate([-6.0, -5.0, -6.0]).signed()} | 3 | excludes 0, as predicted |" in row
     assert estimate([-6.0, -5.0, -6.0]).signed() == "-5.667 ± 1.434"
