@@ -356,13 +356,12 @@ def write_report(out: Path, target: float = DEFAULT_TARGET) -> Path:
             lines += ["## Held-out greedy pass@1 by difficulty after the last round (95% CI over seeds)", "", *table, ""]
         if table := critic_table(groups, records):
             lines += ["## The critic", "", *table, ""]
+        lines += ["## The training batches", "", *batches_table(groups), ""]
         if table := contrasts_table(records):
-            lines += ["## The training batches", "", *batches_table(groups), ""]
-        lines += ["## The seed's claims as paired contrasts", "",
-                  "Each difference is treated - reference seed by seed (the same data, warm start and test "
-                  "prompts), with its 95% interval; the last column says whether the interval excludes 0, and "
-                  "on which side.",
-                      "", *table, ""]
+            lines += ["## The seed's claims as paired contrasts", "",
+                      "Each difference is treated - reference seed by seed (the same data, warm start and test "
+                      "prompts), with its 95% interval; the last column says whether the interval excludes 0, and "
+                      "on which side.", "", *table, ""]
         pictures = plot_sweep(groups, out)
         lines += [f"![{p.stem}]({p.name})" for p in pictures]
     path = out / "report.md"
