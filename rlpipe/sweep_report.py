@@ -310,11 +310,12 @@ def critic_table(groups: dict[str, list[RunRecord]], records: list[RunRecord]) -
              "fraction of the oracle's on the probed responses (advantage), mean over seeds:", "",
              "| preset | after pretraining | " + " | ".join(f"r{k}" for k in range(1, rounds + 1)) + " |",
              "|---|---|" + "---|" * rounds]
-    seeds = sorted({r.seed for runs in critics.values() for r in runs})
-    pre = [pretraining_metrics(records, s) for s in seeds]
-    pretrained = (f"{_f(estimate([m.get('value/explained_variance') for m in pre]).mean, 2)} / "
-                  f"{_f(estimate([m.get('value/ev_fraction_of_ceiling') for m in pre]).mean, 2)}")
     for preset, runs in critics.items():
+        # a run's own value pretraining where it ran one (an entry with value overrides), else its seed's
+        pre = [r.stage("value_pretrain") if "value/explained_variance" in r.stage("value_pretrain")
+               else pretraining_metrics(records, r.seed) for r in runs]
+        pretrained = (f"{_f(estimate([m.get('value/explained_variance') for m in pre]).mean, 2)} / "
+                      f"{_f(estimate([m.get('value/ev_fraction_of_ceiling') for m in pre]).mean, 2)}")
         cells = []
         for k in range(1, rounds + 1):
             ev = estimate([r.stage("update", k).get("value/explained_variance") for r in runs])

@@ -228,3 +228,20 @@ def test_torchrun_update_with_lora_matches_one_process(workspace, monkeypatch):
     assert sorted(a) == sorted(b) and any(bool(t.abs().sum() > 0) for k, t in a.items() if "lora_B" in k)
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst < 1e-5, f"adapters differ by {worst}"
+
+
+def test_value_pretraining_of_zero_steps_reports_the_fresh_critics_explained_variance(workspace, monkeypatch):
+    """`value.pretrain.max_steps: 0` keeps the fresh head, and its held-out EV is measured, not the -inf
+    the training loop starts from (the sweep's VAPO-without-pretraining runs read it)."""
+    from rlpipe.runner import execute
+
+    params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": {**MINI["value"]["pretrain"], "max_steps": 0}})
+    work = workspace / "no-pretraining"
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(workspace / "runs", work / "runs")
+    monkeypatch.chdir(work)
+    metrics = execute("value_pretrain", params)
+    assert metrics["value/pretrain_steps"] == 0
+    assert -10 < metrics["value/explained_variance"] <= 1

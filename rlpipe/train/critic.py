@@ -209,6 +209,9 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
             if ev >= cfg.min_explained_variance:
                 break
     critic.eval()
+    if step == 0:  # max_steps 0: the fresh head's held-out EV, not the loop's -inf starting value
+        ev = explained_variance(predict(critic, eval_targets, params, tokenizer.pad_token_id),
+                                eval_targets.returns, eval_targets.mask)
     metrics = {"value/explained_variance": ev, "value/pretrain_steps": step,
                "value/pretrain_loss_last": history[-1]["value_loss"] if history else float("nan"),
                "value/pretrain_responses": len(response_ids), "value/critic": 1}
