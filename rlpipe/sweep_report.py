@@ -49,7 +49,8 @@ class Estimate:
 
 def estimate(values: list[float]) -> Estimate:
     """Mean and the half-width of its 95% Student-t interval."""
-    values = [v for v in values if v is not None and not math.isnan(v)]
+    # MLflow stores an infinite metric as +-1.797e308; either way it is no measurement
+    values = [v for v in values if v is not None and math.isfinite(v) and abs(v) < 1e308]
     n = len(values)
     if n == 0:
         return Estimate(float("nan"), None, 0)

@@ -15,7 +15,7 @@ def test_estimate_is_the_student_t_interval_of_the_mean():
     # t(0.975, 2) = 4.3027, sd = 1: 4.3027 / sqrt(3)
     assert e.half_width == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
     assert str(e) == "2.000 ± 2.484"
-    one = estimate([0.5, None, float("nan")])
+    one = estimate([0.5, None, float("nan"), float("-inf"), -1.7976931348623157e308])
     assert (one.mean, one.half_width, one.n) == (0.5, None, 1) and str(one) == "0.500"
     assert str(estimate([])) == "-"
 
