@@ -86,7 +86,9 @@ def test_the_report_holds_every_table_and_plot(sweep_dir):
     text = write_report(sweep_dir, target=0.6).read_text()
     assert "4 of 6 runs recorded; code abc1234" in text
     final = estimate([0.7, 0.66, 0.6])
-    assert f"| grpo | 3 | 0.300 | {final} |" in text
+    assert f"| grpo | 3 | 0.300 | {final} | - |" in text
+    # ppo's seed 0 against grpo's: 0.5 - 0.7, in points; one seed, so no interval
+    assert "| ppo | 1 | 0.300 | 0.500 | -20.0 |" in text
     # rounds to 0.6 per seed, in seed order; ppo never gets there
     assert "| 1, 2, 2 |" in text and "| never |" in text
     # lengths of round 1 and the last round, means over seeds: correct (20+22+21)/3, incorrect 11
