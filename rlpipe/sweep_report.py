@@ -312,21 +312,23 @@ def critic_table(groups: dict[str, list[RunRecord]], records: list[RunRecord]) -
     if not critics:
         return []
     rounds = max(r.rounds for runs in critics.values() for r in runs)
-    lines = ["Critic EV on the round's batch (update, the critic of the round before) / the critic's EV as a "
-             "fraction of the oracle's on the probed responses (advantage), mean over seeds:", "",
+    lines = ["Each cell: the critic's EV on the round's batch (update, the critic of the round before) / the "
+             "ceiling, the oracle's EV on the probed responses / the critic's EV on those responses as a fraction "
+             "of the ceiling (advantage); after pretraining, the same on its held-out responses. Means over seeds.", "",
              "| preset | after pretraining | " + " | ".join(f"r{k}" for k in range(1, rounds + 1)) + " |",
              "|---|---|" + "---|" * rounds]
     for preset, runs in critics.items():
         # a run's own value pretraining where it ran one (an entry with value overrides), else its seed's
         pre = [r.stage("value_pretrain") if "value/explained_variance" in r.stage("value_pretrain")
                else pretraining_metrics(records, r.seed) for r in runs]
-        pretrained = (f"{_f(estimate([m.get('value/explained_variance') for m in pre]).mean, 2)} / "
-                      f"{_f(estimate([m.get('value/ev_fraction_of_ceiling') for m in pre]).mean, 2)}")
+        pretrained = " / ".join(_f(estimate([m.get(key) for m in pre]).mean, 2) for key in (
+            "value/explained_variance", "value/oracle_explained_variance", "value/ev_fraction_of_ceiling"))
         cells = []
         for k in range(1, rounds + 1):
             ev = estimate([r.stage("update", k).get("value/explained_variance") for r in runs])
-            frac = estimate([r.stage("advantage", k).get("value/ev_fraction_of_ceiling") for r in runs])
-            cells.append(f"{_f(ev.mean, 2)} / {_f(frac.mean, 2)}")
+            ceiling, frac = (estimate([r.stage("advantage", k).get(key) for r in runs])
+                             for key in ("value/oracle_explained_variance", "value/ev_fraction_of_ceiling"))
+            cells.append(f"{_f(ev.mean, 2)} / {_f(ceiling.mean, 2)} / {_f(frac.mean, 2)}")
         lines.append(f"| {preset} | {pretrained} | " + " | ".join(cells) + " |")
     return lines
 

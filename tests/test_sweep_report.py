@@ -40,9 +40,11 @@ def record(preset: str, seed: int, curve: list[float], correct_len: list[float],
     if critic:
         stages += [{"stage": "update", "round": f"r{k}", "metrics": {"value/explained_variance": ev}}
                    for k, ev in enumerate(critic, start=1)]
-        stages += [{"stage": "advantage", "round": f"r{k}", "metrics": {"value/ev_fraction_of_ceiling": ev / 0.8}}
+        stages += [{"stage": "advantage", "round": f"r{k}", "metrics": {"value/ev_fraction_of_ceiling": ev / 0.8,
+                                                                      "value/oracle_explained_variance": 0.8}}
                    for k, ev in enumerate(critic, start=1)]
         stages.append({"stage": "value_pretrain", "round": "", "metrics": {"value/explained_variance": 0.3,
+                                                                          "value/oracle_explained_variance": 0.6,
                                                                           "value/ev_fraction_of_ceiling": 0.5}})
     else:  # critic-free presets run the stage too, and log that they have no critic
         stages.append({"stage": "value_pretrain", "round": "", "metrics": {"value/critic": 0.0}})
@@ -101,7 +103,7 @@ def test_the_report_holds_every_table_and_plot(sweep_dir):
     # the training batches: round 1 and the last round; no update metrics in these records
     assert "| grpo | 0.200 / 0.400 | 0.400 / 0.400 | - / - |" in text
     # the critic: pretraining from the seed that ran it, then per round EV / fraction of the ceiling
-    assert "| ppo | 0.30 / 0.50 | 0.40 / 0.50 | 0.60 / 0.75 |" in text
+    assert "| ppo | 0.30 / 0.60 / 0.50 | 0.40 / 0.80 / 0.50 | 0.60 / 0.80 / 0.75 |" in text
     for picture in ("pass_at_1.png", "lengths.png", "difficulty.png"):
         assert (sweep_dir / picture).stat().st_size > 10_000
         assert f"]({picture})" in text
