@@ -111,10 +111,14 @@ def load_records(out: Path) -> list[RunRecord]:
     return records
 
 
-def pretraining_metrics(records: list[RunRecord], seed: int) -> dict:
-    """Value pretraining of a seed: logged by the first critic preset that ran it (the others of that
-    seed restored it from the run cache; critic-free presets log only `value/critic: 0`)."""
-    return next((m for r in records if r.seed == seed and "value/explained_variance" in (m := r.stage("value_pretrain"))), {})
+def pretraining_metrics(record: RunRecord, records: list[RunRecord]) -> dict:
+    """The value pretraining a run's critic started from: its own where it logged one (the first critic
+    preset of its seed, or an entry with value overrides), else the one its seed's first critic preset
+    logged (the others restored it from the run cache). Critic-free presets log only `value/critic: 0`."""
+    def trained(r: RunRecord) -> dict:
+        return m if "value/explained_variance" in (m := r.stage("value_pretrain")) else {}
+
+    return trained(record) or next((m for r in records if r.seed == record.seed and (m := trained(r))), {})
 
 
 # -- the seed's claims, as paired contrasts ------------------------------------------------------
@@ -289,18 +293,21 @@ def buckets_of(groups: dict[str, list[RunRecord]]) -> list[str]:
     return sorted(buckets, key=order)
 
 
+def bucket_estimate(runs: list[RunRecord], bucket: str, key: str = "pass@1") -> Estimate:
+    """A difficulty bucket's held-out greedy pass@1 (`pass@1_init`: the init policy's) over the runs."""
+    return estimate([r.eval["by_difficulty"][bucket][key] for r in runs if bucket in r.eval.get("by_difficulty", {})])
+
+
 def difficulty_table(groups: dict[str, list[RunRecord]]) -> list[str]:
     buckets = buckets_of(groups)
     if not buckets:
         return []
     runs0 = next(iter(groups.values()))
-    init = [estimate([r.eval["by_difficulty"][b]["pass@1_init"] for r in runs0 if b in r.eval["by_difficulty"]])
-            for b in buckets]
+    init = [bucket_estimate(runs0, b, "pass@1_init") for b in buckets]
     lines = ["| preset | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets),
              "| (init) | " + " | ".join(f"{e.mean:.2f}" for e in init) + " |"]
     for preset, runs in groups.items():
-        cells = [estimate([r.eval["by_difficulty"][b]["pass@1"] for r in runs if b in r.eval.get("by_difficulty", {})])
-                 for b in buckets]
+        cells = [bucket_estimate(runs, b) for b in buckets]
         lines.append(f"| {preset} | " + " | ".join(
             f"{e.mean:.2f}" + (f" ± {e.half_width:.2f}" if e.half_width is not None else "") for e in cells) + " |")
     return lines
@@ -318,9 +325,7 @@ def critic_table(groups: dict[str, list[RunRecord]], records: list[RunRecord]) -
              "| preset | after pretraining | " + " | ".join(f"r{k}" for k in range(1, rounds + 1)) + " |",
              "|---|---|" + "---|" * rounds]
     for preset, runs in critics.items():
-        # a run's own value pretraining where it ran one (an entry with value overrides), else its seed's
-        pre = [r.stage("value_pretrain") if "value/explained_variance" in r.stage("value_pretrain")
-               else pretraining_metrics(records, r.seed) for r in runs]
+        pre = [pretraining_metrics(r, records) for r in runs]
         pretrained = " / ".join(_f(estimate([m.get(key) for m in pre]).mean, 2) for key in (
             "value/explained_variance", "value/oracle_explained_variance", "value/ev_fraction_of_ceiling"))
         cells = []
@@ -429,13 +434,11 @@ def plot_sweep(groups: dict[str, list[RunRecord]], out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(max(8.5, 1.3 * len(buckets)), 4.5))
         width = 0.8 / max(len(groups), 1)
         for i, (preset, runs) in enumerate(groups.items()):
-            cells = [estimate([r.eval["by_difficulty"][b]["pass@1"] for r in runs if b in r.eval.get("by_difficulty", {})])
-                     for b in buckets]
+            cells = [bucket_estimate(runs, b) for b in buckets]
             ax.bar([j + (i - (len(groups) - 1) / 2) * width for j in range(len(buckets))], [e.mean for e in cells],
                    width, yerr=[e.half_width or 0 for e in cells], capsize=2, label=preset)
         runs0 = next(iter(groups.values()))
-        ax.scatter(range(len(buckets)), [estimate([r.eval["by_difficulty"][b]["pass@1_init"] for r in runs0
-                                                   if b in r.eval.get("by_difficulty", {})]).mean for b in buckets],
+        ax.scatter(range(len(buckets)), [bucket_estimate(runs0, b, "pass@1_init").mean for b in buckets],
                    marker="_", s=900, color="black", zorder=3, label="init policy")
         ax.set_xticks(range(len(buckets)), buckets, rotation=30, fontsize=8)
         # a t interval of 3 seeds can pass 0 or 1; the axis stays on the rate's range
