@@ -189,7 +189,13 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     optimizer = make_critic_optimizer(critic, params, None)
     rng = random.Random(f"{params.seed}:value_pretrain")
     batch_rows = params.update.minibatch_prompts * params.rollout.samples_per_prompt
-    ev, step, history = float("-inf"), 0, []
+    def held_out_values() -> torch.Tensor:
+        critic.eval()
+        return predict(critic, eval_targets, params, tokenizer.pad_token_id)
+
+    # the loop stops only right after an evaluation (ev changes nowhere else), so `values` are the final
+    # critic's held-out predictions, for the metrics and the oracle alike; None if no step ran
+    ev, step, history, values = float("-inf"), 0, [], None
     with progress(total=cfg.max_steps, desc="value pretrain", unit="step") as bar:
         while step < cfg.max_steps:
             critic.train()
@@ -197,9 +203,8 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
                                params, tokenizer.pad_token_id, f"value_pretrain step {step}")
             step += 1
             if step % EVAL_EVERY == 0 or step == cfg.max_steps:
-                critic.eval()
-                ev = explained_variance(predict(critic, eval_targets, params, tokenizer.pad_token_id),
-                                        eval_targets.returns, eval_targets.mask)
+                values = held_out_values()
+                ev = explained_variance(values, eval_targets.returns, eval_targets.mask)
                 stats["explained_variance"] = ev
             history.append(stats)
             if tracker is not None:
@@ -208,16 +213,14 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
             bar.set_postfix(loss=f"{stats['value_loss']:.4f}", ev=f"{ev:.3f}")
             if ev >= cfg.min_explained_variance:
                 break
-    critic.eval()
-    if step == 0:  # max_steps 0: the fresh head's held-out EV, not the loop's -inf starting value
-        ev = explained_variance(predict(critic, eval_targets, params, tokenizer.pad_token_id),
-                                eval_targets.returns, eval_targets.mask)
+    if values is None:  # max_steps 0: the fresh head's held-out EV, not the loop's -inf starting value
+        values = held_out_values()
+        ev = explained_variance(values, eval_targets.returns, eval_targets.mask)
     metrics = {"value/explained_variance": ev, "value/pretrain_steps": step,
                "value/pretrain_loss_last": history[-1]["value_loss"] if history else float("nan"),
                "value/pretrain_responses": len(response_ids), "value/critic": 1}
     if oracle is not None:
-        metrics.update(oracle(eval_rows, eval_targets.returns,
-                              predict(critic, eval_targets, params, tokenizer.pad_token_id), eval_targets.mask))
+        metrics.update(oracle(eval_rows, eval_targets.returns, values, eval_targets.mask))
     save_critic(critic, tokenizer, optimizer, out_dir, {"round": "r0", **metrics})
     if models is not None:
         models.remember_critic(out_dir, critic, optimizer, params.model.dtype)
