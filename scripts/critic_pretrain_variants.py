@@ -10,7 +10,8 @@ every variant of one prompt count fits the same responses), then runs `pretrain_
 variant's changes and prints the held-out explained variance every 5 steps and, at the end, the EV on
 its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
 `head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
-`prompts`. Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
+`prompts`, `backbone` (the critic's starting model, as `value.model.path`; default the init policy).
+Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def main(out: Path, variant: dict) -> None:
     critic_dir = out / f"critic-{len(list(out.glob('critic-*')))}"
     started = time.perf_counter()
     metrics = critic_training.pretrain_critic(params, prompt_ids, response_ids, torch.tensor(rewards), groups,
-                                              paths.policy_dir("r0"), critic_dir)
+                                              Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir)
     print(f"{json.dumps(variant)}: held-out EV {metrics['value/explained_variance']:.4f} after {metrics['value/pretrain_steps']} "
           f"steps ({time.perf_counter() - started:.0f} s); every 5 steps {curve}", flush=True)
 
