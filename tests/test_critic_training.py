@@ -1,0 +1,65 @@
+"""Value pretraining on a reward the responses show: the critic learns it, and only from what a state sees.
+
+The reward is 1 when a response's first token is "7" and 0 when it is "3". Every response has the same
+prompt, so the state before the first token cannot tell them apart (any causal critic gives all of them
+one value) and every later state shows the outcome. The best critic's explained variance on the held-out
+responses is therefore known exactly; value pretraining must come close to it and can never pass it. A
+critic read at the wrong position (one token late) would see the first token from the first state and
+pass it.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+import yaml
+
+from rlpipe.config.params import params_from_dict
+from rlpipe.models.critic import explained_variance, load_critic
+from rlpipe.models.sequences import pad_ragged
+from rlpipe.train.critic import ValueTargets, held_out_groups, monte_carlo_returns, predict, pretrain_critic
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def mini_params(**value):
+    raw = yaml.safe_load((REPO / "tests" / "params_mini.yaml").read_text())
+    raw["algorithm"]["preset"] = "ppo"
+    raw["value"]["lr"] = 1e-3
+    raw["value"]["pretrain"].update(value)
+    return params_from_dict(raw, "tests/params_mini.yaml")
+
+
+def test_value_pretraining_learns_what_the_state_shows_and_no_more(tokenizer, tiny_model_dir, tmp_path):
+    params = mini_params(max_steps=60, min_explained_variance=1.0)
+    rng = random.Random(0)
+    digit = {d: tokenizer.convert_tokens_to_ids(d) for d in "0123456789"}
+    prompt = tokenizer.encode("12+34=", add_special_tokens=True)
+    n_groups, per_group = 64, params.rollout.samples_per_prompt
+    response_ids = [[digit[rng.choice("73")], digit[rng.choice("0123456789")], tokenizer.eos_token_id]
+                    for _ in range(n_groups * per_group)]
+    rewards = torch.tensor([float(r[0] == digit["7"]) for r in response_ids])
+    groups = [i // per_group for i in range(len(response_ids))]
+
+    metrics = pretrain_critic(params, [prompt] * len(response_ids), response_ids, rewards, groups, tiny_model_dir,
+                              tmp_path / "critic")
+
+    held_out = held_out_groups(params.seed, n_groups)
+    rows = [i for i, g in enumerate(groups) if g in held_out]
+    mask = pad_ragged([response_ids[i] for i in rows], 0, torch.long)[1]
+    returns = monte_carlo_returns(rewards[rows], mask, params.algorithm.resolve().gamma)
+    best = returns.clone()  # later states: the outcome itself; the first state: the best one value for all
+    best[:, 0] = returns[:, 0].mean()
+    ceiling = explained_variance(best, returns, mask)
+    assert 0.6 < ceiling < 0.7  # a third of the states cannot know (sanity of the construction)
+    assert metrics["value/explained_variance"] <= ceiling + 1e-6
+    assert metrics["value/explained_variance"] > 0.8 * ceiling
+
+    # the written critic reloads to the same held-out predictions, and the first state's are all one value
+    critic, _ = load_critic(tmp_path / "critic")
+    targets = ValueTargets([prompt] * len(rows), [response_ids[i] for i in rows], returns, None, mask)
+    values = predict(critic, targets, params, tokenizer.pad_token_id)
+    assert explained_variance(values, returns, mask) == metrics["value/explained_variance"]
+    assert torch.allclose(values[:, 0], values[0, 0].expand(len(rows)))
