@@ -1,0 +1,102 @@
+"""Critics from `critic_pretrain_variants.py` against the ceiling, on one probe none of them trained on.
+
+    python scripts/critic_pretrain_variants.py OUT '{}'                      # OUT/critic-0, samples-512.pkl
+    python scripts/critic_pretrain_variants.py OUT '{"prompts": 2048, ...}'  # OUT/critic-1, samples-2048.pkl
+    python scripts/critic_ceiling_probe.py OUT 256 OUT/critic-0 OUT/critic-1
+
+The value_pretrain stage measures the ceiling on `value.oracle_ev.max_responses` (64) of its own held-out
+responses, so two variants with other prompts are probed on different responses, and 64 are few (the
+critic's EV on them and on all held-out responses differ by up to 0.2). This probes N responses, drawn
+from the held-out prompts of every sample file in OUT (value pretraining's prompts of one seed are the
+start of one permutation, so a larger file holds a smaller one's prompts), with the oracle of
+`rlpipe.rollout.oracle` under `value.oracle_ev.continuations` (8 where params.yaml has 0), and prints
+each critic's EV on them, the oracle EV and the fraction: the stage's figures, on common ground. Then,
+by where a state is (the answer marker `#` written or not, and how many tokens are left), the share of
+the squared error around the mean return that the oracle and each critic explain: where the critic
+falls short. The oracle's values are kept in OUT/probe-N.pt, so a rerun with other critics samples
+nothing. Run it in the project the samples came from (its params.yaml and runs/policy/r0).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+
+from rlpipe import paths
+from rlpipe.config import load_params
+
+
+def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
+    from rlpipe.data.splits import read_prompts, round_prompt_rows
+    from rlpipe.models.critic import explained_variance, load_critic, oracle_explained_variance
+    from rlpipe.models.sequences import pad_ragged
+    from rlpipe.models.store import ModelStore
+    from rlpipe.rollout import rollout_backend
+    from rlpipe.rollout.base import SamplingSpec
+    from rlpipe.rollout.oracle import outcome_scorer, prefix_values, probed_rows
+    from rlpipe.stages.value_pretrain import STREAM
+    from rlpipe.train.critic import ValueTargets, held_out_groups, monte_carlo_returns, predict
+
+    params = load_params()
+    table = read_prompts(paths.TRAIN)
+    samples = {int(f.stem.split("-")[1]): pickle.loads(f.read_bytes()) for f in sorted(out.glob("samples-*.pkl"))}
+    largest = max(samples)
+    prompts = table.take(round_prompt_rows(table.num_rows, largest, params.seed, STREAM)).to_pydict()
+    trained_on: set[str] = set()  # prompts some sample file trained a critic on
+    for size, (_, _, _, groups) in samples.items():
+        held_out = held_out_groups(params.seed, max(groups) + 1)
+        trained_on |= {prompts["prompt"][g] for g in range(max(groups) + 1) if g not in held_out}
+    prompt_ids, response_ids, rewards, groups = samples[largest]
+    candidates = [i for i, g in enumerate(groups) if prompts["prompt"][g] not in trained_on]
+    rows = [candidates[k] for k in probed_rows(len(candidates), count, params.seed, "critic_ceiling_probe")]
+    print(f"{len(rows)} probed responses of {len(candidates)} held out from every critic ({largest} prompts' samples)")
+
+    probe_prompts, probe_responses = [prompt_ids[i] for i in rows], [response_ids[i] for i in rows]
+    mask = pad_ragged(probe_responses, 0, torch.long)[1]
+    returns = monte_carlo_returns(torch.tensor([rewards[i] for i in rows]), mask, params.algorithm.resolve().gamma)
+    cache = out / f"probe-{count}.pt"
+    if cache.is_file():
+        oracle, noise = torch.load(cache)
+    else:
+        backend = rollout_backend(ModelStore(), paths.policy_dir("r0"), params.rollout, params.model.dtype)
+        rollout = params.rollout
+        oracle, noise = prefix_values(
+            backend, probe_prompts, probe_responses,
+            outcome_scorer(params, backend.tokenizer, [prompts["answer"][groups[i]] for i in rows],
+                           [prompts["meta"][groups[i]] for i in rows]),
+            continuations=params.value.oracle_ev.continuations or 8, stream="critic_ceiling_probe", seed=params.seed,
+            spec=SamplingSpec(rollout.max_new_tokens, rollout.temperature, rollout.top_k, rollout.top_p))
+        torch.save((oracle, noise), cache)
+    ceiling = oracle_explained_variance(returns, mask, oracle, noise)
+    print(f"oracle EV {ceiling:.3f} (uncorrected {oracle_explained_variance(returns, mask, oracle):.3f}) "
+          f"over {int(mask.sum())} states")
+    targets = ValueTargets(probe_prompts, probe_responses, returns, None, mask)
+    explained = {"oracle": oracle}
+    for critic_dir in critic_dirs:
+        critic, tokenizer = load_critic(critic_dir)
+        explained[critic_dir.name] = values = predict(critic, targets, params, tokenizer.pad_token_id)
+        ev = explained_variance(values, returns, mask)
+        print(f"{critic_dir}: critic EV {ev:.3f}, fraction of the ceiling {ev / ceiling:.2f}")
+
+    marker = tokenizer.convert_tokens_to_ids("#")
+    where = torch.zeros_like(mask, dtype=torch.long)  # 0: steps (or nothing) written; 1: after `#`; 2: eos next
+    for b, response in enumerate(probe_responses):
+        seen = False
+        for t, token in enumerate(response):
+            where[b, t] = 2 if t == len(response) - 1 else int(seen)
+            seen |= token == marker
+    total = ((returns - returns[mask].mean()) ** 2 * mask).sum()
+    print("states | count | share of the squared error | " + " | ".join(f"{name} explains" for name in explained))
+    for code, label in enumerate(["before the answer marker", "after `#`, digits to go", "eos next"]):
+        at = mask & (where == code)
+        share = float(((returns - returns[mask].mean()) ** 2 * at).sum() / total)
+        gains = [share - float(((returns - v) ** 2 * at).sum() / total) for v in explained.values()]
+        gains[0] += float((noise * at).sum() / total)  # the oracle's own sampling noise, as in its EV
+        print(f"{label} | {int(at.sum())} | {share:.3f} | " + " | ".join(f"{g:.3f}" for g in gains))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
