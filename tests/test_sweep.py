@@ -75,3 +75,17 @@ def test_the_command_line_names_what_is_wrong(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "sweep"), *args])
     assert message in capsys.readouterr().err
+
+
+def test_more_threads_than_cores_is_warned_about_naming_both_knobs(tmp_path, monkeypatch):
+    from rlpipe.sweep import oversubscription_warning
+
+    params = tmp_path / "params.yaml"
+    params.write_text("runtime:\n  torch_threads: 2\n")
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert oversubscription_warning(params, (), jobs=1) is None
+    warning = oversubscription_warning(params, (), jobs=2)
+    assert "--jobs 2 x runtime.torch_threads 2 = 4 threads on 2 cores" in warning
+    assert "--jobs 1" in warning and "-S runtime.torch_threads=1" in warning
+    assert oversubscription_warning(params, ("runtime.torch_threads=1",), jobs=2) is None
+    assert oversubscription_warning(params, ("+runtime.torch_threads=3",), jobs=1) is not None
