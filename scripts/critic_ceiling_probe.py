@@ -99,4 +99,6 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit("usage: critic_ceiling_probe.py OUT N CRITIC_DIR [CRITIC_DIR ...]")
     main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
