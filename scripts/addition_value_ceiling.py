@@ -11,7 +11,8 @@ a slight underestimate.) The script prints the EV of V* over every response stat
 value pretraining measures it (token-mean, Monte-Carlo outcome returns), and each state position's
 share of the squared error around the mean return and of what V* leaves, positions counted from the
 response's end (1 = the state before its last token, where the whole answer is written and only eos
-follows): the positions whose share V* removes are where a critic has to look. POLICY_DIR defaults to runs/policy/r0, the policy that wrote the samples.
+follows): the positions whose share V* removes are where a critic has to look. POLICY_DIR defaults to
+runs/policy/r0, the policy that wrote the samples.
 """
 
 from __future__ import annotations

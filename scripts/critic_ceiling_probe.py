@@ -46,9 +46,10 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     largest = max(samples)
     prompts = table.take(round_prompt_rows(table.num_rows, largest, params.seed, STREAM)).to_pydict()
     trained_on: set[str] = set()  # prompts some sample file trained a critic on
-    for size, (_, _, _, groups) in samples.items():
-        held_out = held_out_groups(params.seed, max(groups) + 1)
-        trained_on |= {prompts["prompt"][g] for g in range(max(groups) + 1) if g not in held_out}
+    for *_, file_groups in samples.values():
+        n_groups = max(file_groups) + 1
+        held_out = held_out_groups(params.seed, n_groups)
+        trained_on |= {prompts["prompt"][g] for g in range(n_groups) if g not in held_out}
     prompt_ids, response_ids, rewards, groups = samples[largest]
     candidates = [i for i, g in enumerate(groups) if prompts["prompt"][g] not in trained_on]
     rows = [candidates[k] for k in probed_rows(len(candidates), count, params.seed, "critic_ceiling_probe")]
