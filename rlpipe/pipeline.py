@@ -60,8 +60,8 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "rollout": ["seed", "rollout", "model", "data", "algorithm.preset", "algorithm.estimator",
                 "algorithm.dynamic_sampling"],
     "reward": ["reward", "data", "rollout", "algorithm.preset", "algorithm.estimator"],
-    "advantage": ["seed", "algorithm", "model", "rollout", "update.micro_batch_tokens", "value.oracle_ev", "reward",
-                  "data"],
+    "advantage": ["seed", "algorithm", "model", "rollout", "update.micro_batch_tokens", "update.bf16", "value.oracle_ev",
+                  "reward", "data"],
     "update": ["seed", "algorithm", "model", "update", "rollout", "value.lr", "value.epochs", "value.clip_range"],
     "evaluate": ["seed", "rounds", "eval", "model", "rollout", "reward", "data", "algorithm.preset"],
 }

@@ -143,6 +143,35 @@ def test_critic_free_presets_never_load_a_value_model(workspace, monkeypatch):
     assert len(loads) >= 3  # pretraining, values in advantage, the critic update
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_reference_logprobs_are_computed_in_the_updates_precision(workspace, monkeypatch, bf16):
+    """Round 1's reference is the policy that sampled it. In fp32 the rollout's logprobs stand in for
+    pi_ref; with `update.bf16` the reference is run under the update's bf16 autocast, as the update will
+    compute its own logprobs, and the batch holds exactly that forward's values."""
+    from rlpipe.models.policy import load_policy
+    from rlpipe.models.sequences import batched_response_logprobs
+    from rlpipe.train.policy import update_autocast
+
+    params = mini_params(**{"algorithm.preset": "grpo", "update.bf16": bf16})
+    work = run_round(workspace, params, monkeypatch, name=f"grpo-bf16-{bf16}")
+    batch = artifacts.read_table(work / paths.batch_path("r1"), artifacts.BATCH).to_pydict()
+    kept = [i for i, k in enumerate(batch["kept"]) if k]
+    width = max(len(batch["response_ids"][i]) for i in kept)
+    model, tokenizer = load_policy(work / paths.policy_dir("r0"), params.model.dtype)
+    with update_autocast(params, "cpu"):
+        expected = batched_response_logprobs(model, [batch["prompt_ids"][i] for i in kept],
+                                             [batch["response_ids"][i] for i in kept], tokenizer.pad_token_id,
+                                             params.rollout.temperature, params.update.micro_batch_tokens, width)
+    for row, i in enumerate(kept):
+        reference, behaviour = batch["ref_logprobs"][i], batch["behaviour_logprobs"][i]
+        if bf16:
+            assert reference == expected[row, :len(reference)].tolist()
+        else:
+            assert reference == behaviour
+    if bf16:  # bf16 rounding is visible against the rollout's fp32 logprobs
+        assert any(batch["ref_logprobs"][i] != batch["behaviour_logprobs"][i] for i in kept)
+
+
 PARALLEL_BASE = {"algorithm.preset": "ppo", "runtime.torch_threads": 2}
 """The round the parallel updates are compared on: PPO, so that the critic trains on the ranks too."""
 

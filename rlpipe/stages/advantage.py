@@ -119,14 +119,18 @@ class KeptRows:
         """pi_old (recomputed by the trainer for another engine), pi_ref (for a KL term), V (for GAE)."""
         metrics = {}
         logprobs = RoundLogprobs(self.params, self.prompt_ids, self.response_ids, self.width, self.models)
-        if needs_old_recompute(self.params):
+        recompute = needs_old_recompute(self.params)
+        if recompute:
             recomputed = logprobs.of(policy_path)
             drift = (recomputed - self.old_logp).abs()[self.mask]
             metrics.update({"logprob_drift/mean": drift.mean().item(), "logprob_drift/max": drift.max().item()})
             self.old_logp = recomputed
         if self.spec.needs_reference:
             same = Path(ref_path).resolve() == Path(policy_path).resolve()
-            self.ref_logp = self.old_logp if same else logprobs.of(ref_path)
+            # pi_old stands in for pi_ref (round 1) only if it was computed as the trainer computes: the
+            # rollout's fp32 logprobs are not what a bf16 update would see
+            trainer_side = recompute or not self.params.update.bf16
+            self.ref_logp = self.old_logp if same and trainer_side else logprobs.of(ref_path)
         if self.spec.needs_critic:
             from rlpipe.models.critic import critic_values
 
@@ -190,13 +194,18 @@ class RoundLogprobs:
         self.models = models
 
     def of(self, model_path: Path):
+        """Under the update's precision (`update.bf16`): the update's loss compares its own logprobs with
+        these (the KL term with pi_ref, the ratio with a recomputed pi_old), so that both sides of each
+        comparison come from the same precision."""
         from rlpipe.models.sequences import batched_response_logprobs
+        from rlpipe.train.policy import update_autocast
 
         model, tokenizer = self.models.policy(model_path, self.params.model.dtype)
-        return batched_response_logprobs(
-            model, self.prompt_ids, self.response_ids, tokenizer.pad_token_id, self.params.rollout.temperature,
-            self.params.update.micro_batch_tokens, self.width,
-        )
+        with update_autocast(self.params, model.device.type):
+            return batched_response_logprobs(
+                model, self.prompt_ids, self.response_ids, tokenizer.pad_token_id, self.params.rollout.temperature,
+                self.params.update.micro_batch_tokens, self.width,
+            )
 
 
 def advantage_metrics(advantages, mask, old_logp, ref_logp) -> dict:

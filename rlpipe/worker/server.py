@@ -164,6 +164,9 @@ def main() -> int:
     import transformers.models.auto.modeling_auto  # noqa: F401
 
     from rlpipe.models.store import ModelStore
+    from rlpipe.stages import freeze_imported_objects
+
+    freeze_imported_objects()
 
     listener = local_service.listen(address)
     if listener is None:
