@@ -1,7 +1,7 @@
 """`python -m benchmarks [a b c d e]` (or `make bench`): the benchmark suite, printed as Markdown tables.
 
 Each figure is a ratio against a baseline measured in the same run; see BENCHMARKS.md for results.
-Letters pick benchmarks (default: all; `e`, wall time to a pass@1 target against TRL, takes 10-25
+Letters pick benchmarks (default: all; `e`, wall time to a pass@1 target against TRL, takes about 10
 minutes on 2 cores, `f` and `g` 15-25 each). vLLM's runs only where vllm is installed (`.venv-vllm`, see `make test-vllm`).
 """
 

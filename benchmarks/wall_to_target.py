@@ -24,7 +24,7 @@ figure this benchmark gave before 2026-12-05) is reported beside it.
 After every round, each side's policy is scored with rlpipe's own evaluator (greedy pass@1 on the first
 `eval.max_prompts` test prompts, the figure `dvc repro` reports); the clock is paused meanwhile. The
 figure is ours / TRL's wall seconds to the first round at or above the target. Target: <= 0.5x.
-Needs the `bench` extra (trl). Takes 20-40 minutes on 2 cores; with `--work DIR`, each seed's result is
+Needs the `bench` extra (trl). Takes about 10 minutes on 2 cores; with `--work DIR`, each seed's result is
 kept there, and a run cut short resumes at the next seed.
 """
 
