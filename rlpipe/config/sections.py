@@ -460,8 +460,9 @@ class UpdateConfig(Section):
     bf16: bool = False
     """bf16 autocast of the update's forward passes, on GPU or CPU, and of the logprobs the update
     compares its own with (the advantage stage's reference logprobs and recomputed old logprobs);
-    weights, optimizer state and the loss stay fp32. Fast on CPUs with avx512_bf16 or AMX (an update step of the embedded model: 2.1x fp32 with
-    eager attention, 1.5x with sdpa; benchmark d), a slow emulation on CPUs without."""
+    weights, optimizer state and the loss stay fp32. Fast on CPUs with avx512_bf16 or AMX (an update
+    step of the embedded model: 2.1x fp32 with eager attention, 1.5x with sdpa; benchmark d), a slow
+    emulation on CPUs without."""
     attention: Literal["auto", "sdpa", "eager"] = "auto"
     """Attention kernel of the update (transformers' attn_implementation). auto = eager on CPU when the
     round's longest sequence is <= 128 tokens, else sdpa: CPU SDPA's backward is slow on short sequences
