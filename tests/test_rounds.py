@@ -274,3 +274,52 @@ def test_value_pretraining_of_zero_steps_reports_the_fresh_critics_explained_var
     metrics = execute("value_pretrain", params)
     assert metrics["value/pretrain_steps"] == 0
     assert -10 < metrics["value/explained_variance"] <= 1
+
+
+def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(workspace, monkeypatch):
+    """`value.pretrain.verifier_steps`: the critic first learns sums against near misses, then value
+    pretraining starts from it (same seed, same samples), so its critic differs from the one started from
+    the policy; the phase's figures are in the stage's metrics and nothing of it is left in runs/."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from rlpipe.runner import execute
+    from rlpipe.train.critic import near_miss, verifier_rows
+
+    critics = {}
+    for steps in (0, 3):
+        pretrain = {**MINI["value"]["pretrain"], "max_steps": 2, "verifier_steps": steps, "verifier_prompts": 16}
+        params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": pretrain})
+        work = workspace / f"verifier-{steps}"
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(workspace / "runs", work / "runs")
+        monkeypatch.chdir(work)
+        metrics = execute("value_pretrain", params)
+        assert ("value/verifier_explained_variance" in metrics) == bool(steps)
+        critics[steps] = load_file(work / paths.critic_dir("r0") / "model.safetensors")
+        assert [p.name for p in (work / "runs" / "critic").iterdir()] == ["r0"]
+        assert not [p for p in work.rglob("*verifier*")]
+    assert metrics["value/verifier_steps"] == 3 and metrics["value/verifier_rows"] == 32
+    assert any(not torch.equal(critics[0][k], critics[3][k]) for k in critics[0])
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(workspace / paths.policy_dir("r0"))
+    prompt_ids, response_ids, rewards, groups = verifier_rows(params, tokenizer, workspace / paths.TRAIN)
+    assert rewards == [1.0, 0.0] * 16 and groups == [g for g in range(16) for _ in range(2)]
+    for k in range(0, 32, 2):
+        right, wrong = tokenizer.decode(response_ids[k][:-1]), tokenizer.decode(response_ids[k + 1][:-1])
+        assert len(right) == len(wrong) and sum(a != b for a, b in zip(right, wrong)) == 1
+        assert response_ids[k][-1] == response_ids[k + 1][-1] == tokenizer.eos_token_id
+    import random
+
+    assert all(near_miss("5", random.Random(s)) != "5" for s in range(20))
+    assert all(not near_miss("12", random.Random(s)).startswith("0") for s in range(50))
+
+
+def test_the_verifier_phase_refuses_tasks_without_near_misses():
+    from rlpipe.errors import PipelineError
+
+    with pytest.raises(PipelineError, match="value.pretrain.verifier_steps"):
+        params_from_dict({"data": {"task": "reasoning"}, "value": {"pretrain": {"verifier_steps": 10}}})

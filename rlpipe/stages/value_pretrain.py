@@ -2,12 +2,16 @@
 
 Samples `value.pretrain.prompts` prompts x M responses from the init policy through the configured
 rollout backend, verifies them, and fits a fresh value head to their Monte-Carlo returns
-(`rlpipe.train.critic.pretrain_critic`). Critic-free presets get a small marker file and no model load.
+(`rlpipe.train.critic.pretrain_critic`); with `value.pretrain.verifier_steps`, from a critic that first
+learnt to check sums (`pretrain_verifier`, kept in a temporary directory). Critic-free presets get a
+small marker file and no model load.
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlpipe import paths
 from rlpipe.data.splits import read_prompts, round_prompt_rows
@@ -56,7 +60,7 @@ def value_pretrain(ctx) -> dict:
     if not params.algorithm.resolve().needs_critic:
         return write_no_critic_marker(paths.critic_dir("r0"), params.algorithm.preset)
     torch = ctx.init_torch()
-    from rlpipe.train.critic import pretrain_critic
+    from rlpipe.train.critic import pretrain_critic, pretrain_verifier
 
     backend = rollout_backend(ctx.models, paths.policy_dir("r0"), params.rollout, params.model.dtype)
     samples = pretraining_samples(params, backend)
@@ -69,5 +73,11 @@ def value_pretrain(ctx) -> dict:
             return oracle_metrics(params, backend, [samples.prompt_ids[i] for i in rows],
                                   [samples.response_ids[i] for i in rows], [samples.answers[i] for i in rows],
                                   [samples.metas[i] for i in rows], returns, values, mask, stream="oracle@value_pretrain")
-    return pretrain_critic(params, samples.prompt_ids, samples.response_ids, torch.tensor(samples.rewards), samples.groups,
-                           backbone, paths.critic_dir("r0"), ctx.tracker, ctx.models, oracle)
+    with tempfile.TemporaryDirectory(prefix="rlpipe-verifier-") as scratch:
+        verifier = {}
+        if params.value.pretrain.verifier_steps:  # the critic starts as a verifier, an intermediate model only
+            verifier = pretrain_verifier(params, Path(backbone), paths.TRAIN, Path(scratch) / "verifier")
+            backbone = Path(scratch) / "verifier"
+        metrics = pretrain_critic(params, samples.prompt_ids, samples.response_ids, torch.tensor(samples.rewards),
+                                  samples.groups, backbone, paths.critic_dir("r0"), ctx.tracker, ctx.models, oracle)
+    return {**metrics, **verifier}

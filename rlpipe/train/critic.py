@@ -225,3 +225,50 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     if models is not None:
         models.remember_critic(out_dir, critic, optimizer, params.model.dtype)
     return metrics
+
+
+# --- the verifier phase (value.pretrain.verifier_steps) ---------------------------------------------------
+def near_miss(answer: str, rng: random.Random) -> str:
+    """The answer with one digit replaced by another (never a leading zero)."""
+    position = rng.randrange(len(answer))
+    choices = [d for d in "0123456789" if d != answer[position] and not (position == 0 and d == "0" and len(answer) > 1)]
+    return answer[:position] + rng.choice(choices) + answer[position + 1:]
+
+
+def verifier_rows(params: Params, tokenizer, train_path: Path):
+    """(prompt_ids, response_ids, rewards, groups): `value.pretrain.verifier_prompts` train prompts (a seeded
+    sample), each twice: its sum then eos (reward 1), and a near miss then eos (reward 0)."""
+    import pyarrow.parquet as pq
+
+    from rlpipe.data.prompts import encode_prompts
+
+    table = pq.read_table(train_path, columns=["prompt", "answer"]).to_pydict()
+    rng = random.Random(f"{params.seed}:verifier")
+    picked = rng.sample(range(len(table["prompt"])), min(params.value.pretrain.verifier_prompts, len(table["prompt"])))
+    encoded = encode_prompts(tokenizer, [table["prompt"][i] for i in picked], params.data)
+    prompt_ids, response_ids, rewards, groups = [], [], [], []
+    for group, (i, ids) in enumerate(zip(picked, encoded)):
+        answer = table["answer"][i]
+        for text, reward in ((answer, 1.0), (near_miss(answer, rng), 0.0)):
+            prompt_ids.append(ids)
+            response_ids.append(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
+            rewards.append(reward)
+            groups.append(group)
+    return prompt_ids, response_ids, rewards, groups
+
+
+def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir: Path) -> dict:
+    """The verifier phase: value pretraining's own loop (`pretrain_critic`, a quarter of the prompts held
+    out) on `verifier_rows`, at `verifier_lr` for `verifier_steps` steps without early stopping, from
+    `backbone`; the critic written to `out_dir` already answers "is this sum right" before eos, and value
+    pretraining starts from it with its head. Returns its held-out explained variance and steps."""
+    from transformers import AutoTokenizer
+
+    cfg = params.value.pretrain
+    phase = params.model_copy(update={"value": params.value.model_copy(update={
+        "lr": cfg.verifier_lr,
+        "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0})})})
+    prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
+    metrics = pretrain_critic(phase, prompt_ids, response_ids, torch.tensor(rewards), groups, backbone, out_dir)
+    return {"value/verifier_explained_variance": metrics["value/explained_variance"],
+            "value/verifier_steps": metrics["value/pretrain_steps"], "value/verifier_rows": len(response_ids)}
