@@ -35,9 +35,9 @@ def main(out: Path, variant: dict) -> None:
     from rlpipe.train.critic import pretrain_verifier
 
     params = load_params()
-    pretrain = params.value.pretrain.model_copy(update={"verifier_steps": variant.get("steps", 600),
-                                                        "verifier_prompts": variant.get("prompts", 8192),
-                                                        "verifier_lr": variant.get("lr", 0.001)})
+    # the phase's defaults are value.pretrain's own; only its step count (0 there: off) needs one here
+    given = {f"verifier_{key}": variant[key] for key in ("prompts", "lr") if key in variant}
+    pretrain = params.value.pretrain.model_copy(update={"verifier_steps": variant.get("steps", 600), **given})
     params = params.model_copy(update={"value": params.value.model_copy(update={"pretrain": pretrain})})
     torch.manual_seed(params.seed)
     started = time.perf_counter()
