@@ -15,15 +15,25 @@
 - `report.md` and `*.png`: `rlpipe.sweep_report` over whatever records exist, partial sweeps included
   (each row says how many seeds it has).
 
-Runs go `--jobs` at a time (threads, each waiting on its own `dvc exp run --temp`, which is what
-`dvc queue start -j N` does as well, without a Celery worker to clean up after a kill).
+- `slots/<i>/`: one git clone of the project per job, sharing the project's DVC cache (and so its run
+  cache) and MLflow store. A slot runs one experiment at a time; each finished experiment's ref is
+  fetched into the project, so `dvc exp show` there lists them all.
+
+Runs go `--jobs` at a time (threads, each waiting on its own `dvc exp run --temp` in a slot of its own,
+which is what `dvc queue start -j N` does as well, without a Celery worker to clean up after a kill).
+Two `dvc exp run --temp` in one repository race: each runs the first entry of the one stash they share
+(dvc/repo/experiments/queue/tempdir.py), so one that ends as the other starts takes the other's entry,
+and the other runs the same stash commit again with no name. Measured in CI on 2026-12-05: five
+experiment refs for four runs, one of them `exp-8a16f`. A clone per slot gives each its own stash.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -56,6 +66,13 @@ class SweepSpec:
         return [(preset, seed) for seed in self.seeds for preset in self.presets]
 
 
+def named_ref(repo: Path, name: str) -> str | None:
+    """The ref of the DVC experiment called `name` in the git repository `repo`, if any."""
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], cwd=repo,
+                          capture_output=True, text=True, check=True).stdout.split()
+    return next((ref for ref in refs if ref.rsplit("/", 1)[-1] == name), None)
+
+
 def parse_entry(entry: str) -> tuple[str, list[str]]:
     """`vapo+value.pretrain.max_steps=0` -> ("vapo", ["value.pretrain.max_steps=0"])."""
     preset, *overrides = entry.split("+")
@@ -82,6 +99,8 @@ class Sweep:
     out: Path
     spec: SweepSpec
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    free_slots: queue.Queue = field(default_factory=queue.Queue)
+    """Slots no run holds now: `run` fills it, each `exp_run` takes one and gives it back."""
 
     @property
     def project(self) -> Path:
@@ -121,20 +140,46 @@ class Sweep:
         atomic_write_text(spec_path, json.dumps(asdict(self.spec), indent=2) + "\n")
         self.records.mkdir(exist_ok=True)
 
+    def slot(self, index: int) -> Path:
+        """The clone that runs the `index`th job's experiments, made on first use: its DVC cache is the
+        project's, so every slot hits the run cache that any slot filled."""
+        path = self.out / "slots" / str(index)
+        if not path.exists():
+            partial = path.with_name(f"{index}.partial")  # renamed into place when complete
+            shutil.rmtree(partial, ignore_errors=True)  # left by a kill
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["git", "clone", "-q", str(self.project.resolve()), str(partial)], check=True)
+            cache = (self.project / ".dvc" / "cache").resolve()
+            subprocess.run(["dvc", "config", "--local", "cache.dir", str(cache)], cwd=partial, check=True,
+                           capture_output=True, env=self.env())
+            partial.rename(path)
+        return path
+
+    def slots(self) -> list[Path]:
+        return sorted(p for p in (self.out / "slots").glob("*") if p.name.isdigit())
+
     def env(self) -> dict[str, str]:
         # the copied code, not the checkout's editable install: the sweep's code is frozen at its start
-        # and this interpreter's dvc and python, whichever shell started the sweep
+        # and this interpreter's dvc and python, whichever shell started the sweep; one MLflow store
+        # for every slot, the project's
         env = scratch_env()
         return {**env, "PYTHONPATH": str(self.project.resolve()),
+                "MLFLOW_TRACKING_URI": f"sqlite:///{(self.project / 'mlflow.db').resolve()}",
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])}
 
-    def dvc(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["dvc", *args], cwd=self.project, capture_output=True, text=True, env=self.env())
-
     def experiment_ref(self, name: str) -> str | None:
-        refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], cwd=self.project,
-                              capture_output=True, text=True, check=True).stdout.split()
-        return next((ref for ref in refs if ref.rsplit("/", 1)[-1] == name), None)
+        """The project's ref of experiment `name`, fetched from the slot that ran it if need be (a kill
+        between a run's end and the fetch)."""
+        ref = named_ref(self.project, name)
+        if ref:
+            return ref
+        for slot in self.slots():
+            ref = named_ref(slot, name)
+            if ref:
+                subprocess.run(["git", "fetch", "-q", str(slot.resolve()), f"{ref}:{ref}"], cwd=self.project,
+                               check=True, capture_output=True)
+                return ref
+        return None
 
     # -- running -------------------------------------------------------------------------------------
 
@@ -142,9 +187,15 @@ class Sweep:
         args = ["exp", "run", "--temp", "-n", name]
         for override in [*self.spec.overrides, *overrides]:
             args += ["-S", override]
-        started = time.monotonic()
-        done = self.dvc(*args, *targets)
-        wall = time.monotonic() - started
+        slot = self.free_slots.get()
+        try:
+            started = time.monotonic()
+            done = subprocess.run(["dvc", *args, *targets], cwd=slot, capture_output=True, text=True, env=self.env())
+            wall = time.monotonic() - started
+            if done.returncode == 0:
+                self.experiment_ref(name)  # fetched into the project while the slot is still this run's
+        finally:
+            self.free_slots.put(slot)
         if done.returncode != 0:
             (self.out / "failed").mkdir(exist_ok=True)
             (self.out / "failed" / f"{name}.log").write_text(done.stdout + done.stderr)
@@ -188,7 +239,7 @@ class Sweep:
         preset of a seed: `rlpipe.sweep_report` takes it from that seed's first)."""
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=f"sqlite:///{(self.project / 'mlflow.db').resolve()}")
+        client = MlflowClient(tracking_uri=self.env()["MLFLOW_TRACKING_URI"])
         experiments = [e.experiment_id for e in client.search_experiments()]
         runs = client.search_runs(experiments, filter_string=f"tags.`dvc.exp_name` = '{name}'", max_results=5000)
         return sorted(({"stage": run.data.tags.get("rlpipe.stage", ""), "round": run.data.tags.get("rlpipe.round", ""),
@@ -198,6 +249,8 @@ class Sweep:
     def run(self, jobs: int) -> list[str]:
         """Every missing run, `jobs` at a time; returns the failures (the others still run)."""
         self.prepare()
+        for index in range(jobs):
+            self.free_slots.put(self.slot(index))
         todo = [(p, s) for p, s in self.spec.run_names() if not self.record_path(p, s).exists()]
         self.say(f"{len(self.spec.run_names()) - len(todo)} of {len(self.spec.run_names())} runs recorded; "
                  f"{len(todo)} to go, {jobs} at a time, in {self.project}")

@@ -1,6 +1,7 @@
 """The preset sweep (rlpipe/sweep.py) end to end on the miniature params: runs through `dvc exp run
---temp` two at a time, one record per run with its eval.json and every stage's MLflow metrics, a resumed
-sweep that runs nothing twice, and a restart with other params refused; and the command line's checks."""
+--temp` two at a time, each in a clone of its own (a slot) sharing the DVC cache; one record per run with
+its eval.json and every stage's MLflow metrics, a resumed sweep that runs nothing twice, and a restart
+with other params refused; and the command line's checks."""
 
 import json
 import subprocess
@@ -24,8 +25,11 @@ def test_a_sweep_records_every_run_resumes_and_refuses_other_params(tmp_path, ca
     assert main(args) == 0
     project = out / "project"
     refs = experiment_refs(project)
-    # one warm-up per seed (data and warm start), then the runs
+    # one warm-up per seed (data and warm start), then the runs; each fetched from the slot that ran it
     assert sorted(ref.rsplit("/", 1)[-1] for ref in refs) == ["grpo-s0", "grpo-s1", "warm-s0", "warm-s1"]
+    slots = sorted((out / "slots").iterdir())
+    assert [slot.name for slot in slots] == ["0", "1"]
+    assert sorted(ref for slot in slots for ref in experiment_refs(slot) if ref != "refs/exps/stash") == sorted(refs)
     records = {seed: json.loads((out / "runs" / f"{run_name('grpo', seed)}.json").read_text()) for seed in (0, 1)}
     for seed, record in records.items():
         ref = next(r for r in refs if r.endswith(f"/grpo-s{seed}"))
