@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.common import table
-from benchmarks.stage_timeline import round_walls, timeline
+from benchmarks.stage_timeline import round_dvc_seconds, round_walls, timeline
 
 ROUNDS = 5
 SCALE = {"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072, "max_positions": 64}
@@ -129,9 +129,10 @@ def pipeline_run(work: Path, name: str, raw: dict, checkout: Path | None = None)
             raw["runtime"] = {"torch_threads": raw["runtime"]["torch_threads"]}
         copy_older(checkout, root, raw)
     seconds = repro(root, checkout and root)
-    walls = round_walls(timeline(root))
+    spans = timeline(root)
     stored, once = disk(root)
-    return {"root": root, "repro": seconds, "walls": walls, "stored": stored, "once": once}
+    return {"root": root, "repro": seconds, "walls": round_walls(spans), "dvc": round_dvc_seconds(spans),
+            "stored": stored, "once": once}
 
 
 def copy_older(checkout: Path, root: Path, raw: dict) -> None:
@@ -150,34 +151,61 @@ def copy_older(checkout: Path, root: Path, raw: dict) -> None:
     subprocess.run([*git, "commit", "-qm", "before"], cwd=root, check=True)
 
 
-def run(work: Path | None = None, before: str | None = None) -> str:
+def run(work: Path | None = None, before: str | None = None, repeat: int = 1, cold: bool = True) -> str:
+    """The sides, then the reference, `repeat` times over: each repeat's ratio is taken against the
+    reference run minutes after it, since the disk's speed (page cache, writeback) drifts between runs
+    more than the sides differ."""
     from rlpipe.scratch_project import CHECKOUT
 
     work = Path(work or tempfile.mkdtemp(prefix="rlpipe-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    runs = {}
+    results: dict[str, list[dict]] = {}
+    references: list[float] = []
+    checkout = None
     if before:
         checkout = work / "before-checkout"
         if not checkout.exists():
             subprocess.run(["git", "worktree", "add", "--detach", str(checkout), before], cwd=CHECKOUT, check=True,
                            capture_output=True)
-        runs[f"before ({before}, cold)"] = pipeline_run(work, "before", scale_params(False), checkout)
-    runs["cold (runtime.warm_worker: false)"] = pipeline_run(work, "cold", scale_params(False))
-    runs["warm (the default)"] = pipeline_run(work, "warm", scale_params(True))
-    ref = reference(runs["warm (the default)"]["root"], work)
-    ref_median = statistics.median(ref[k] for k in range(2, ROUNDS + 1))
-    rows = [["reference: the rounds' work in one process", ref_median, 1.0, "", ""]]
-    for name, result in runs.items():
-        wall = statistics.median(result["walls"][k] for k in range(2, ROUNDS + 1))
-        rows.append([name, wall, wall / ref_median, result["stored"] / 1e9, result["stored"] / result["once"]])
-    text = table(f"(g) one round of a {SCALE['layers']} x {SCALE['hidden']} policy (113M, fp32), rounds 2-{ROUNDS}",
-                 ["side", "round wall s (median)", "x reference", "GB under runs/ + cache", "x outputs once"], rows)
+        # an older checkout with a warm worker is measured warm: the change since is what is compared
+        before_warm = "warm_worker" in (checkout / "rlpipe/config/sections.py").read_text() \
+            if (checkout / "rlpipe/config/sections.py").exists() else False
+    for index in range(repeat):
+        sides = []
+        if before:
+            sides.append((f"before ({before}, {'warm' if before_warm else 'cold'})", "before",
+                          scale_params(before_warm), checkout))
+        if cold and index == 0:  # minutes a run, and far from the target: once is enough
+            sides.append(("cold (runtime.warm_worker: false)", "cold", scale_params(False), None))
+        sides.append(("warm (the default)", "warm", scale_params(True), None))
+        for label, name, raw, source in sides:
+            results.setdefault(label, []).append(pipeline_run(work, name, raw, source) | {"repeat": index})
+        ref = reference(results["warm (the default)"][-1]["root"], work)
+        references.append(statistics.median(ref[k] for k in range(2, ROUNDS + 1)))
+    rows = [["reference: the rounds' work in one process", statistics.median(references), 1.0, "",
+             ", ".join(f"{r:.2f}" for r in references), "", ""]]
+    for label, runs in results.items():
+        walls = [statistics.median(r["walls"][k] for k in range(2, ROUNDS + 1)) for r in runs]
+        ratios = [wall / references[r["repeat"]] for wall, r in zip(walls, runs)]
+        dvc_seconds = [statistics.median(r["dvc"][k] for k in range(2, ROUNDS + 1)) for r in runs]
+        rows.append([label, statistics.median(walls), statistics.median(ratios),
+                     statistics.median(dvc_seconds), ", ".join(f"{x:.2f}" for x in ratios),
+                     runs[-1]["stored"] / 1e9, runs[-1]["stored"] / runs[-1]["once"]])
+    text = table(f"(g) one round of a {SCALE['layers']} x {SCALE['hidden']} policy (113M, fp32), rounds 2-{ROUNDS}, "
+                 f"{repeat} repeat(s)",
+                 ["side", "round wall s (median)", "x reference (median of repeats)", "s in DVC a round",
+                  "x reference per repeat (reference: its s per repeat)", "GB under runs/ + cache", "x outputs once"],
+                 rows)
     return text + f"\ntargets: warm <= 1.5x the reference; disk <= 1.1x the outputs once. work dir: {work}\n"
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, help="scratch directory (kept)")
-    parser.add_argument("--before", help="a git revision to measure the same params on, e.g. 215bc71")
+    parser.add_argument("--before", help="a git revision to measure the same params on, e.g. 215bc71 (warm where "
+                        "that revision has the warm worker)")
+    parser.add_argument("--repeat", type=int, default=1, help="run the sides and the reference this many times, "
+                        "alternating (each ratio against its own repeat's reference)")
+    parser.add_argument("--no-cold", dest="cold", action="store_false", help="leave out the cold side")
     ns = parser.parse_args()
-    print(run(ns.work, ns.before))
+    print(run(ns.work, ns.before, ns.repeat, ns.cold))

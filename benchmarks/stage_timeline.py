@@ -59,3 +59,13 @@ def round_walls(spans: list[Span]) -> dict[int, float]:
         elif span.stage == "update" and span.round_index in starts:
             walls[span.round_index] = span.end - starts[span.round_index]
     return walls
+
+
+def round_dvc_seconds(spans: list[Span]) -> dict[int, float]:
+    """Round K's seconds in DVC: the gaps before each of its four stages (hashing the outputs and deps
+    it records, the lock rewrite, the checks)."""
+    seconds: dict[int, float] = {}
+    for span, gap in gaps(spans):
+        if span.round_index is not None:
+            seconds[span.round_index] = seconds.get(span.round_index, 0.0) + gap
+    return seconds

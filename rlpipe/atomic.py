@@ -9,8 +9,10 @@ standard library, so that the thin stage client can use it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -48,20 +50,48 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+HASH_CHUNK_BYTES = 8 << 20
+
+
+def md5_of_file(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)  # releases the GIL for chunks this size
+    return digest.hexdigest()
+
+
+def fsync_files(files: list[Path], with_md5: bool) -> dict[Path, str]:
+    """fsync each file; with `with_md5`, hash them meanwhile and return each one's md5. The hashing
+    reads the page cache on threads of its own while fsync waits on the disk, so it costs little wall
+    time where the fsync is slow."""
+    if not with_md5:
+        for file in files:
+            fsync_path(file)
+        return {}
+    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+        digests = {file: pool.submit(md5_of_file, file) for file in files}
+        for file in files:
+            fsync_path(file)
+        return {file: digest.result() for file, digest in digests.items()}
+
+
 @contextmanager
-def atomic_directory(path: Path) -> Iterator[Path]:
-    """Yield a temporary directory to fill; on success it replaces `path` whole, on error it vanishes."""
+def atomic_directory(path: Path, md5s: dict[Path, str] | None = None) -> Iterator[Path]:
+    """Yield a temporary directory to fill; on success it replaces `path` whole, on error it vanishes.
+    Given a dict `md5s`, it is filled with the md5 of every file written, keyed by its final path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(path)
     tmp.mkdir()
     try:
         yield tmp
-        for child in tmp.rglob("*"):
-            if child.is_file():
-                fsync_path(child)
+        written = sorted(child for child in tmp.rglob("*") if child.is_file())
+        digests = fsync_files(written, with_md5=md5s is not None)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
         fsync_path(path.parent)
+        if md5s is not None:  # a rename keeps each file's inode and mtime: the digests stay true
+            md5s.update({path / file.relative_to(tmp): digest for file, digest in digests.items()})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

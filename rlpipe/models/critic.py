@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 
 from rlpipe import paths
-from rlpipe.atomic import atomic_directory
+from rlpipe.dvc_state import stage_output_directory
 
 CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"
 
 
 def write_no_critic_marker(out_dir: Path, preset: str) -> dict:
-    with atomic_directory(out_dir) as tmp:
+    with stage_output_directory(out_dir) as tmp:
         (tmp / paths.NO_CRITIC_MARKER).write_text(json.dumps({"critic": None, "preset": preset}) + "\n")
     return {"value/critic": 0}
 

@@ -164,7 +164,7 @@ def merge_checkpoint(adapter_path: Path, out_dir: Path) -> None:
     its tokenizer: what `AutoModelForCausalLM` and vLLM load without peft."""
     from transformers import AutoTokenizer
 
-    from rlpipe.atomic import atomic_directory
+    from rlpipe.dvc_state import stage_output_directory
     from rlpipe.models.policy import torch_dtype
 
     if not is_adapter(adapter_path):
@@ -173,6 +173,6 @@ def merge_checkpoint(adapter_path: Path, out_dir: Path) -> None:
     dtype = torch_dtype(base_config.get("dtype") or base_config.get("torch_dtype") or "float32")
     merged = load(adapter_path, dtype).merge_and_unload()
     merged.config.name_or_path = ""
-    with atomic_directory(Path(out_dir)) as tmp:
+    with stage_output_directory(Path(out_dir)) as tmp:
         merged.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(str(adapter_path)).save_pretrained(tmp)

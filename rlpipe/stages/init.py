@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 from rlpipe import paths
-from rlpipe.atomic import atomic_directory
+from rlpipe.dvc_state import stage_output_directory
 from rlpipe.config import Params
 from rlpipe.data.tasks import target_text, task_alphabet
 
@@ -51,7 +51,7 @@ def init_policy(params: Params, train_path: Path, out_dir: Path, models=None) ->
     else:
         model, tokenizer = load_policy(params.model.path, params.model.dtype)
     metrics["init/parameters"] = sum(p.numel() for p in model.parameters())
-    with atomic_directory(out_dir) as tmp:
+    with stage_output_directory(out_dir) as tmp:
         save_policy(model, tokenizer, tmp)
         (tmp / paths.TRAINER_STATE).write_text(json.dumps({"round": "r0", "global_step": 0}) + "\n")
     if models is not None:

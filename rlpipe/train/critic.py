@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from rlpipe import artifacts, paths
-from rlpipe.atomic import atomic_directory
+from rlpipe.dvc_state import stage_output_directory
 from rlpipe.config import Params
 from rlpipe.models.critic import (CRITIC_OPTIMIZER_FILE, critic_forward, explained_variance, load_critic,
                                   write_no_critic_marker)
@@ -95,7 +95,7 @@ def predict(critic, targets: ValueTargets, params: Params, pad_id: int) -> torch
 
 
 def save_critic(critic, tokenizer, optimizer, out_dir: Path, state: dict) -> None:
-    with atomic_directory(out_dir) as tmp:
+    with stage_output_directory(out_dir) as tmp:
         critic.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(optimizer.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)

@@ -21,7 +21,7 @@ import torch
 
 from rlpipe import artifacts, paths
 from rlpipe.algorithms.aggregation import LossCounts
-from rlpipe.atomic import atomic_directory
+from rlpipe.dvc_state import stage_output_directory
 from rlpipe.config import Params, UpdateConfig
 from rlpipe.models.sequences import pack, pad_ragged, response_logprobs, token_budget_chunks
 from rlpipe.progress import progress
@@ -184,7 +184,7 @@ def update_policy(params: Params, round_name: str, batch_path: Path, policy_path
     model = unwrap(model)
     model.set_attn_implementation(inference_attention)
     if world.is_main:
-        with atomic_directory(out_dir) as tmp:
+        with stage_output_directory(out_dir) as tmp:
             save_policy(model, tokenizer, tmp, optimizer)
             (tmp / paths.TRAINER_STATE).write_text(json.dumps(
                 {"round": round_name, "global_step": global_step, "summary": summary}, indent=2) + "\n")
