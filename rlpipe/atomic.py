@@ -9,13 +9,13 @@ standard library, so that the thin stage client can use it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
+
+from rlpipe.file_md5 import hashing
 
 
 def fsync_path(path: Path) -> None:
@@ -50,43 +50,23 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-HASH_CHUNK_BYTES = 8 << 20
-
-
-def md5_of_file(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)  # releases the GIL for chunks this size
-    return digest.hexdigest()
-
-
-def fsync_files(files: list[Path], with_md5: bool) -> dict[Path, str]:
-    """fsync each file; with `with_md5`, hash them meanwhile and return each one's md5. The hashing
-    reads the page cache on threads of its own while fsync waits on the disk, so it costs little wall
-    time where the fsync is slow."""
-    if not with_md5:
-        for file in files:
-            fsync_path(file)
-        return {}
-    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        digests = {file: pool.submit(md5_of_file, file) for file in files}
-        for file in files:
-            fsync_path(file)
-        return {file: digest.result() for file, digest in digests.items()}
-
-
 @contextmanager
 def atomic_directory(path: Path, md5s: dict[Path, str] | None = None) -> Iterator[Path]:
     """Yield a temporary directory to fill; on success it replaces `path` whole, on error it vanishes.
-    Given a dict `md5s`, it is filled with the md5 of every file written, keyed by its final path."""
+    Given a dict `md5s`, it is filled with the md5 of every file written, keyed by its final path, hashed
+    as the writers go (rlpipe/file_md5.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(path)
     tmp.mkdir()
     try:
-        yield tmp
-        written = sorted(child for child in tmp.rglob("*") if child.is_file())
-        digests = fsync_files(written, with_md5=md5s is not None)
+        with (hashing(tmp) if md5s is not None else nullcontext()) as hasher:
+            yield tmp
+            written = sorted(child for child in tmp.rglob("*") if child.is_file())
+            for file in written if hasher else ():
+                hasher.hash_file(file)  # what no writer announced, hashed while the files are fsynced
+            for file in written:
+                fsync_path(file)
+            digests = hasher.digests(written) if hasher else {}
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

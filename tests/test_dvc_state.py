@@ -87,3 +87,34 @@ def test_nothing_is_hashed_or_recorded_outside_a_dvc_stage(tmp_path: Path, monke
     with dvc_state.stage_output_directory(tmp_path / "ckpt") as tmp:
         (tmp / "weights.bin").write_bytes(b"x")
     assert (tmp_path / "ckpt" / "weights.bin").read_bytes() == b"x"
+
+
+def test_streamed_and_announced_files_get_the_md5_of_their_bytes_and_a_rewrite_is_hashed_again(tmp_path: Path):
+    import torch
+
+    from rlpipe.file_md5 import files_written, open_for_writing
+
+    state = {"exp_avg": torch.randn(3, 1 << 18), "step": torch.tensor(7.0)}
+    md5s: dict[Path, str] = {}
+    with atomic_directory(tmp_path / "ckpt", md5s) as tmp:
+        (tmp / "weights.bin").write_bytes(b"first")
+        files_written(tmp)  # announced, then rewritten: the announced digest must not be used
+        (tmp / "weights.bin").write_bytes(b"second, longer")
+        with open_for_writing(tmp / "optimizer.pt") as handle:
+            torch.save(state, handle)
+        (tmp / "trainer_state.json").write_text("{}")  # never announced: hashed at the end
+    final = tmp_path / "ckpt"
+    assert md5s == {file: hashlib.md5(file.read_bytes()).hexdigest() for file in final.iterdir()}
+    assert len(md5s) == 3
+    loaded = torch.load(final / "optimizer.pt")
+    assert torch.equal(loaded["exp_avg"], state["exp_avg"])
+
+
+def test_outside_a_hashing_directory_the_writers_are_plain_writes(tmp_path: Path):
+    from rlpipe.file_md5 import files_written, open_for_writing
+
+    files_written(tmp_path)
+    with open_for_writing(tmp_path / "x.bin") as handle:
+        assert type(handle).__name__ == "BufferedWriter"
+        handle.write(b"abc")
+    assert (tmp_path / "x.bin").read_bytes() == b"abc"

@@ -14,6 +14,7 @@ from pathlib import Path
 from rlpipe import paths
 from rlpipe.config import ModelConfig, TinyModelConfig
 from rlpipe.errors import PipelineError
+from rlpipe.file_md5 import files_written, open_for_writing
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -109,8 +110,6 @@ def check_compatible(checkpoints: dict[str, str | Path]) -> None:
 def save_policy(model, tokenizer, path: Path, optimizer=None) -> None:
     """`save_pretrained` of model and tokenizer (of a LoRA policy, its adapters only), plus the optimizer
     state when given."""
-    import torch
-
     from rlpipe.models import lora
 
     if lora.is_peft_model(model):
@@ -119,7 +118,18 @@ def save_policy(model, tokenizer, path: Path, optimizer=None) -> None:
         model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)
+        save_optimizer(optimizer, path / OPTIMIZER_FILE, written_before=path)
+
+
+def save_optimizer(optimizer, file: Path, written_before: Path) -> None:
+    """torch.save of the optimizer's state (the policy's or the critic's), through a file object so that
+    its md5 is taken as it is written (rlpipe/file_md5.py), once the files already under
+    `written_before` have started hashing."""
+    import torch
+
+    files_written(written_before)
+    with open_for_writing(file) as handle:
+        torch.save(optimizer.state_dict(), handle)
 
 
 def policy_source(model_cfg: ModelConfig) -> str:

@@ -26,6 +26,7 @@ from rlpipe.dvc_state import stage_output_directory
 from rlpipe.config import Params
 from rlpipe.models.critic import (CRITIC_OPTIMIZER_FILE, critic_forward, explained_variance, load_critic,
                                   write_no_critic_marker)
+from rlpipe.models.policy import save_optimizer
 from rlpipe.models.sequences import pack, pad_ragged, token_budget_chunks
 from rlpipe.progress import progress
 from rlpipe.train.distributed import World, unwrap, wrap_model
@@ -98,7 +99,7 @@ def save_critic(critic, tokenizer, optimizer, out_dir: Path, state: dict) -> Non
     with stage_output_directory(out_dir) as tmp:
         critic.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
+        save_optimizer(optimizer, tmp / CRITIC_OPTIMIZER_FILE, written_before=tmp)
         (tmp / paths.TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n")
 
 
