@@ -69,3 +69,15 @@ def round_dvc_seconds(spans: list[Span]) -> dict[int, float]:
         if span.round_index is not None:
             seconds[span.round_index] = seconds.get(span.round_index, 0.0) + gap
     return seconds
+
+
+def round_work_seconds(spans: list[Span]) -> dict[int, float]:
+    """Round K's own work, measured inside its four stages: each stage's library call
+    (`stage/work_seconds`) less what it waited on the md5s handed to DVC (`stage/hash_wait_seconds`,
+    which is the tool's, not the work's). Compute and the write of the artifacts, in the same run."""
+    seconds: dict[int, float] = {}
+    for span in spans:
+        if span.round_index is not None and span.stage in ROUND_ORDER:
+            work = span.metrics.get("stage/work_seconds", 0.0) - span.metrics.get("stage/hash_wait_seconds", 0.0)
+            seconds[span.round_index] = seconds.get(span.round_index, 0.0) + work
+    return seconds

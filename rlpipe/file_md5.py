@@ -18,6 +18,7 @@ import hashlib
 import os
 import queue
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,6 +26,22 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 HASH_CHUNK_BYTES = 8 << 20
+
+_waited = [0.0]
+"""Seconds this process's writers have waited on hashing (a full queue, digests not ready): what hashing
+adds to a stage's wall time, reported as `stage/hash_wait_seconds`."""
+
+
+def hash_wait_seconds() -> float:
+    return _waited[0]
+
+
+class _Waiting:
+    def __enter__(self):
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc):
+        _waited[0] += time.perf_counter() - self.started
 
 
 def md5_of_file(path: Path) -> str:
@@ -61,10 +78,11 @@ class FileHasher:
         for file in files:
             self.hash_file(file)
         out = {}
-        for file in files:
-            seen, digest = self.pending[file]
-            digest = digest if isinstance(digest, str) else digest.result()
-            out[file] = digest if identity(file) == seen else md5_of_file(file)
+        with _Waiting():
+            for file in files:
+                seen, digest = self.pending[file]
+                digest = digest if isinstance(digest, str) else digest.result()
+                out[file] = digest if identity(file) == seen else md5_of_file(file)
         return out
 
     def close(self) -> None:
@@ -109,16 +127,18 @@ class _HashingStream:
             self.md5.update(chunk)
 
     def write(self, data) -> int:
-        chunk = bytes(data)  # the caller may reuse its buffer once write returns
-        self.chunks.put(chunk)
+        with _Waiting():
+            chunk = bytes(data)  # the caller may reuse its buffer once write returns
+            self.chunks.put(chunk)
         return self.handle.write(chunk)
 
     def flush(self) -> None:
         self.handle.flush()
 
     def hexdigest(self) -> str:
-        self.chunks.put(None)
-        self.thread.join()
+        with _Waiting():
+            self.chunks.put(None)
+            self.thread.join()
         return self.md5.hexdigest()
 
 

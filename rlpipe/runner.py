@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from rlpipe import paths
 from rlpipe.atomic import atomic_write_text
 from rlpipe.errors import PipelineError
+from rlpipe.file_md5 import hash_wait_seconds
 from rlpipe.progress import bars_enabled
 from rlpipe.stages import STAGES, StageContext
 
@@ -114,10 +115,13 @@ def execute(name: str, params: Params, round_name: str | None = None, tracker: S
 
         models = ModelStore()
     ctx = StageContext(name, params, round_name, tracker, models)
+    hash_wait_before = hash_wait_seconds()
     with ctx.timed("work_seconds"):
         with ctx.timed("import_seconds"):
             work = STAGES[name].function
         metrics = work(ctx) or {}
+    # of the work, the time its writers waited on the md5s handed to DVC (rlpipe/file_md5.py)
+    ctx.timings["hash_wait_seconds"] = hash_wait_seconds() - hash_wait_before
     return {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()}}
 
 
