@@ -101,6 +101,7 @@ def reference(root: Path, work: Path) -> dict[int, float]:
     for part in ("runs/data", "runs/policy/r0", "runs/critic/r0"):
         shutil.copytree(root / part, copy / part)
     shutil.copy(root / "params.yaml", copy / "params.yaml")
+    settle()
     old = os.getcwd()
     os.chdir(copy)
     try:
@@ -118,12 +119,21 @@ def reference(root: Path, work: Path) -> dict[int, float]:
         shutil.rmtree(copy, ignore_errors=True)
 
 
+def settle() -> None:
+    """Write back what the last side left dirty in the page cache, so that no side's fsyncs pay for the
+    writes of the one before it (measured: the same rounds' work took 2.4 s or 5-6 s a round depending on
+    what ran just before)."""
+    os.sync()
+    time.sleep(2)
+
+
 def pipeline_run(work: Path, name: str, raw: dict, checkout: Path | None = None) -> dict:
     """One `dvc repro` of the scale params in a fresh project: round walls and disk."""
     from rlpipe.scratch_project import copy_pipeline
 
     root = work / name
     shutil.rmtree(root, ignore_errors=True)
+    settle()
     if checkout is None:
         copy_pipeline(root, yaml.safe_dump(raw, sort_keys=False), committer="rlpipe-bench")
     else:  # an older checkout: its own pipeline files, and its rounds format (a mapping, then)
