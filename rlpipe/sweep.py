@@ -282,9 +282,9 @@ class Sweep:
 
 def oversubscription_warning(params_file: Path, overrides: tuple[str, ...], jobs: int) -> str | None:
     """A warning when `jobs` runs of `runtime.torch_threads` threads each ask for more threads than the
-    machine has cores. Measured on 2 cores with 2 threads a run: a ppo round took about 135 s two at a
-    time against about 10 s alone (OpenMP's threads wait on one another), where 1 thread a run made two
-    at a time 1.7x faster than one."""
+    machine has cores. Measured on 2 cores (`python -m benchmarks.oversubscription`): with 2 threads a run,
+    two warm starts at once took 4.3x as long as one alone (OpenMP's threads wait on one another); with 1
+    thread a run, two at once took no longer than one alone."""
     from rlpipe.config import load_params
 
     threads = load_params(params_file).runtime.torch_threads
