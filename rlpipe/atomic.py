@@ -59,7 +59,7 @@ def atomic_directory(path: Path, md5s: dict[Path, str] | None = None) -> Iterato
     tmp = _temp_sibling(path)
     tmp.mkdir()
     try:
-        with (hashing(tmp) if md5s is not None else nullcontext()) as hasher:
+        with (hashing() if md5s is not None else nullcontext()) as hasher:
             yield tmp
             written = sorted(child for child in tmp.rglob("*") if child.is_file())
             for file in written if hasher else ():

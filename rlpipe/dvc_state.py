@@ -2,8 +2,8 @@
 
 After a stage, DVC hashes every output to record it in dvc.lock and its cache: one more pass over a
 checkpoint that the stage has only just written. For benchmark g's 1.36 GB checkpoint that pass was
-2.26 s of a 9.6 s round. A stage's directory outputs (`stage_output_directory`) are hashed while they
-are fsynced, when the CPU would otherwise wait on the disk, and the digests go into DVC's own state
+2.26 s of a 9.6 s round. A stage's directory outputs (`stage_output_directory`) are hashed as they are
+written, on threads of their own (rlpipe/file_md5.py), and the digests go into DVC's own state
 database through DVC's own API (`dvc_data`'s `State.save_many`): the same entry DVC would write after
 hashing the file itself, keyed by the file's path, inode, mtime and size. DVC then finds the hash where
 it always looks first.
@@ -54,12 +54,15 @@ def record_md5s(md5s: dict[Path, str]) -> bool:
         return False
     where = next(iter(md5s)).resolve().parent
     try:
+        from dvc.exceptions import NotDvcRepoError
         from dvc.fs import LocalFileSystem
+        from dvc.repo import Repo
         from dvc_data.hashfile.hash_info import HashInfo
         from dvc_data.hashfile.state import State
 
-        root = repo_root(where)
-        if root is None:
+        try:
+            root = Path(Repo.find_root(str(where)))
+        except NotDvcRepoError:
             return False
         state = State(str(root), state_dir(root))
         try:
@@ -72,14 +75,6 @@ def record_md5s(md5s: dict[Path, str]) -> bool:
         warnings.warn(f"could not hand DVC the md5 of {len(md5s)} file(s) under {where}; "
                       f"DVC will hash them itself: {err!r}")
         return False
-
-
-def repo_root(start: Path) -> Path | None:
-    """The nearest directory at or above `start` holding `.dvc/`."""
-    for directory in (start, *start.parents):
-        if (directory / ".dvc").is_dir():
-            return directory
-    return None
 
 
 def state_dir(root: Path) -> str:

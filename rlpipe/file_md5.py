@@ -60,8 +60,7 @@ def identity(path: Path) -> tuple[int, int, int]:
 class FileHasher:
     """The md5s of the files written under one directory, each computed as soon as it is complete."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self):
         self.pool = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="md5")
         self.pending: dict[Path, tuple[tuple[int, int, int], Future | str]] = {}
 
@@ -93,8 +92,9 @@ _active: ContextVar[FileHasher | None] = ContextVar("rlpipe_file_hasher", defaul
 
 
 @contextmanager
-def hashing(root: Path) -> Iterator[FileHasher]:
-    hasher = FileHasher(root)
+def hashing() -> Iterator[FileHasher]:
+    """Collect md5s: `files_written` and `open_for_writing` inside feed the hasher yielded."""
+    hasher = FileHasher()
     token = _active.set(hasher)
     try:
         yield hasher
