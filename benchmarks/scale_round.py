@@ -94,8 +94,9 @@ def reference(root: Path, work: Path) -> dict[int, float]:
     """The rounds' work in this process, from the warm run's init and warm start: round -> seconds."""
     from rlpipe.config import load_params
     from rlpipe.models.store import ModelStore
-    from rlpipe.runner import execute
+    from rlpipe.runner import execute, trim_imports
 
+    trim_imports()  # as a stage process and the worker do
     copy = work / "reference"
     shutil.rmtree(copy, ignore_errors=True)
     for part in ("runs/data", "runs/policy/r0", "runs/critic/r0"):

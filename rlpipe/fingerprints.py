@@ -119,4 +119,8 @@ def main() -> None:
         check_stage(STAGE, None, params.rounds, root)
     except PipelineError as err:
         sys.exit(f"{STAGE}: {err}")
+    if params.runtime.warm_worker:
+        from rlpipe.worker.client import start_early
+
+        start_early(root.resolve())
     write_fingerprints(params, root)

@@ -40,13 +40,16 @@ STARTED = time.perf_counter()
 
 
 def trim_imports() -> None:
-    """transformers imports scikit-learn whenever it is installed (MLflow installs it), only for assisted
-    decoding's roc_curve, which no stage uses: 1.3 s of every torch stage's start. A None entry makes
-    importlib report it absent. Stage processes and the warm worker only; MLflow runs in its own daemon."""
+    """Two optional packages that transformers imports whenever they are installed (MLflow installs both)
+    and that no stage uses: scikit-learn, only for assisted decoding's roc_curve (1.3 s of every torch
+    stage's start), and scipy, only for the object-detection losses (0.2-0.3 s of the first model load).
+    A None entry makes importlib report a package absent. Called by the stage processes (`run_stage`) and
+    the warm worker before they import transformers, never at import: a process that imports this module
+    for its functions (the tests, a sweep's report, which uses scipy) keeps both."""
     sys.modules.setdefault("sklearn", None)
+    sys.modules.setdefault("scipy", None)
 
 
-trim_imports()
 if not bars_enabled():  # transformers' own bars (loading, saving shards) follow ours
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
@@ -126,6 +129,7 @@ def execute(name: str, params: Params, round_name: str | None = None, tracker: S
 
 
 def run_stage(name: str) -> None:
+    trim_imports()
     spec = STAGES[name]
     parser = argparse.ArgumentParser(prog=f"stages/{name}.py", description=(sys.modules["__main__"].__doc__ or "").strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,6 +187,9 @@ def worker_answer(conn, name: str, round_name: str | None) -> dict | None:
     if answer["ok"]:
         return answer["metrics"]
     if answer["kind"] == "cold":
+        return None
+    if answer["kind"] == "unavailable":
+        print(f"rlpipe: {answer['error']}; running this stage in its own process", file=sys.stderr)
         return None
     if answer["kind"] == "crash":
         print(answer["error"], file=sys.stderr, end="")

@@ -160,6 +160,48 @@ def test_a_running_worker_rejects_bad_params_before_it_loads_anything(project_co
     assert len(worker_pids(root)) == 1  # the same worker served all three
 
 
+def test_the_fingerprint_stage_starts_the_worker_the_stages_then_use(project_copy):
+    """The fingerprint stage starts the execution's worker once params.yaml is valid, without waiting for
+    it; the next stage finds it (it listens before it imports) and no second worker starts."""
+    root, env = project_copy, worker_env(f"early-{os.getpid()}")
+    started = time.monotonic()
+    subprocess.run([sys.executable, "stages/fingerprint.py"], cwd=root, env=env, check=True, timeout=120)
+    assert time.monotonic() - started < 20  # it did not wait for the worker's imports
+    assert len(worker_pids(root)) == 1
+    assert by_hand(root, "rollout", "r2", env)["stage/worker_loads"] == 1
+    subprocess.run([sys.executable, "stages/fingerprint.py"], cwd=root, env=env, check=True, timeout=120)
+    assert len(worker_pids(root)) == 1  # one serves this execution already: no second one
+
+
+def test_fingerprint_starts_no_worker_when_warm_worker_is_off_or_run_by_hand(project_copy):
+    root = project_copy
+    subprocess.run([sys.executable, "stages/fingerprint.py"], cwd=root, env=scratch_env(), check=True, timeout=120)
+    with_params(root, **{"runtime.warm_worker": False})
+    subprocess.run([sys.executable, "stages/fingerprint.py"], cwd=root, env=worker_env(f"off-{os.getpid()}"),
+                   check=True, timeout=120)
+    assert worker_pids(root) == []
+
+
+def test_a_worker_that_cannot_import_its_libraries_sends_the_stage_to_run_cold(tmp_path):
+    """The stage waiting on a worker whose imports fail is told so, and runs in its own process. Here a
+    broken `torch` shadows the real one: the worker fails on it; `prepare` needs no torch and succeeds."""
+    root = make_project(tmp_path / "project")
+    broken = tmp_path / "broken"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text("raise ImportError('a torch broken on purpose by the test')\n")
+    env = {**worker_env(f"broken-{os.getpid()}"), "PYTHONPATH": str(broken)}
+    done = subprocess.run([sys.executable, "stages/prepare.py"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    # told by the worker, or (when it failed before the stage connected) by its exit
+    assert ("the warm worker could not import its libraries" in done.stderr
+            or "the warm worker did not start" in done.stderr)
+    assert "running this stage in its own process" in done.stderr
+    assert (root / "runs/data/train.parquet").is_file()
+    log = (root / WORKER_LOG).read_text()
+    assert "could not start" in log and "a torch broken on purpose by the test" in log
+
+
 @pytest.mark.slow
 def test_killed_worker_fails_the_stage_clearly_and_repro_completes(mini_run, tmp_path):
     """SIGKILL the worker in the middle of init (its SFT warm start takes seconds): the stage fails with

@@ -239,11 +239,9 @@ def near_miss(answer: str, rng: random.Random) -> str:
 def verifier_rows(params: Params, tokenizer, train_path: Path):
     """(prompt_ids, response_ids, rewards, groups): `value.pretrain.verifier_prompts` train prompts (a seeded
     sample), each twice: its sum then eos (reward 1), and a near miss then eos (reward 0)."""
-    import pyarrow.parquet as pq
-
     from rlpipe.data.prompts import encode_prompts
 
-    table = pq.read_table(train_path, columns=["prompt", "answer"]).to_pydict()
+    table = artifacts.read_parquet(train_path, columns=["prompt", "answer"]).to_pydict()
     rng = random.Random(f"{params.seed}:verifier")
     picked = rng.sample(range(len(table["prompt"])), min(params.value.pretrain.verifier_prompts, len(table["prompt"])))
     encoded = encode_prompts(tokenizer, [table["prompt"][i] for i in picked], params.data)

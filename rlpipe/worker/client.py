@@ -18,7 +18,7 @@ from rlpipe.errors import PipelineError
 from rlpipe.tracking.client import execution_id, owner_pid, service_log, spawn
 
 START_TIMEOUT_S = 180
-"""Starting a worker imports torch and transformers (3-4 s here; more on a loaded machine)."""
+"""How long a new worker may take to listen on its socket (it does so before its imports)."""
 
 
 class WorkerUnavailable(OSError):
@@ -45,7 +45,8 @@ def connect_running(project: Path) -> socket.socket | None:
 
 
 def connect(project: Path) -> socket.socket | None:
-    """A connection to this execution's worker, started if need be; None for a stage run by hand."""
+    """A connection to this execution's worker, started if need be; None for a stage run by hand. The
+    worker listens before it imports, so this returns at once; the stage's request waits for the imports."""
     execution = execution_id()
     if execution.startswith("stage:"):
         return None
@@ -54,12 +55,30 @@ def connect(project: Path) -> socket.socket | None:
         return local_service.connect(path)
     except OSError:
         pass
-    log = service_log(project, "rlpipe-worker.log")
-    process = spawn("rlpipe.worker.server", [str(path), str(owner_pid(execution) or "-"), str(project)], log)
+    process = start_worker(execution, path, project)
     try:
         return local_service.wait_for(path, START_TIMEOUT_S, alive=lambda: process.poll() is None)
     except OSError as err:
-        raise WorkerUnavailable(f"the warm worker did not start ({err}; log: {log})") from None
+        raise WorkerUnavailable(f"the warm worker did not start ({err}; log: "
+                                f"{service_log(project, 'rlpipe-worker.log')})") from None
+
+
+def start_early(project: Path) -> None:
+    """Start this execution's worker without waiting for it (none for a stage run by hand, or if one
+    serves already). The `fingerprint` stage, first of a run whose params or code changed, calls it once
+    params.yaml is valid: the worker's 3 s of imports then overlap DVC's work up to the first model stage."""
+    execution = execution_id()
+    if execution.startswith("stage:"):
+        return
+    path = worker_socket(execution, project)
+    if not local_service.can_connect(path):
+        start_worker(execution, path, project)
+
+
+def start_worker(execution: str, path: Path, project: Path):
+    """A new worker process for this execution (it exits at once if another one listens on `path`)."""
+    log = service_log(project, "rlpipe-worker.log")
+    return spawn("rlpipe.worker.server", [str(path), str(owner_pid(execution) or "-"), str(project)], log)
 
 
 def run_in_worker(conn: socket.socket, stage: str, round_name: str | None, project: Path) -> dict:

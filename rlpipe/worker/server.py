@@ -1,6 +1,7 @@
 """The warm worker process: `python -m rlpipe.worker.server SOCKET OWNER_PID PROJECT`.
 
-It imports torch and transformers once, then serves one stage at a time on its Unix socket:
+It listens on its Unix socket at once, imports torch and transformers (a stage that connects meanwhile
+waits), then serves one stage at a time:
 
 1. a request arrives: `{"stage", "round", "cwd", "env"}` and, passed with it, the client's stdout and
    stderr (SCM_RIGHTS): what the stage prints (progress bars, warnings) is forwarded there
@@ -18,6 +19,7 @@ Failure rules:
 - the stage raises: the worker answers with the error and forgets every model it holds (a model may be
   half-trained); torch stays imported.
 - it exits once the execution's dvc process is gone, or after IDLE_EXIT_S without a request.
+- its imports fail: it answers the stages waiting "unavailable" (they run in their own process) and exits.
 """
 
 from __future__ import annotations
@@ -153,13 +155,12 @@ def serve(conn: socket.socket, project: Path, store, router: OutputRouter) -> No
         print(f"rlpipe worker: could not answer {request['stage']}: {err}", file=sys.stderr, flush=True)
 
 
-def main() -> int:
-    address, project = Path(sys.argv[1]), Path(sys.argv[3])
-    owner = int(sys.argv[2]) if sys.argv[2] != "-" else None
+def import_stage_libraries():
+    """What every stage would import, paid once, before the first request is accepted; the empty
+    `ModelStore` the stages share."""
     from rlpipe.runner import trim_imports
 
     trim_imports()
-    # what every stage would import: paid once, before the first request is accepted
     import torch  # noqa: F401
     import transformers.models.auto.modeling_auto  # noqa: F401
 
@@ -167,14 +168,42 @@ def main() -> int:
     from rlpipe.stages import freeze_imported_objects
 
     freeze_imported_objects()
+    return ModelStore()
 
+
+def refuse_waiting(listener: socket.socket, address: Path, reason: str) -> None:
+    """Answer every connection already waiting with "unavailable" (its stage then runs in its own
+    process), after removing the socket so that no new one arrives."""
+    address.unlink(missing_ok=True)
+    listener.setblocking(False)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # none left
+            return
+        with conn:
+            with contextlib.suppress(OSError):
+                conn.sendall((json.dumps({"ok": False, "kind": "unavailable", "error": reason}) + "\n").encode())
+
+
+def main() -> int:
+    address, project = Path(sys.argv[1]), Path(sys.argv[3])
+    owner = int(sys.argv[2]) if sys.argv[2] != "-" else None
+    # Listen before the imports: a stage that connects meanwhile waits in the backlog, and a second start
+    # (the fingerprint stage starts the worker early, the first model stage may try too) ends here.
     listener = local_service.listen(address)
     if listener is None:
         return 0  # another worker serves this execution already
+    print(f"rlpipe worker {os.getpid()}: serving {project} for dvc pid {owner}", file=sys.stderr, flush=True)
+    try:
+        store = import_stage_libraries()
+    except BaseException:  # noqa: BLE001 (the stages waiting run cold; the log keeps why)
+        print(f"rlpipe worker: could not start:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        refuse_waiting(listener, address, "the warm worker could not import its libraries (see its log)")
+        return 1
     listener.settimeout(POLL_S)
     router = OutputRouter(os.dup(2))  # fd 2 is the worker's log, as its starter opened it
-    store, idle_since = ModelStore(), time.monotonic()
-    print(f"rlpipe worker {os.getpid()}: serving {project} for dvc pid {owner}", file=sys.stderr, flush=True)
+    idle_since = time.monotonic()
     try:
         while local_service.process_alive(owner) and time.monotonic() - idle_since < IDLE_EXIT_S:
             try:
