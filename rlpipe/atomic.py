@@ -15,7 +15,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
-from rlpipe.file_md5 import hashing
 
 
 def fsync_path(path: Path) -> None:
@@ -55,6 +54,8 @@ def atomic_directory(path: Path, md5s: dict[Path, str] | None = None) -> Iterato
     """Yield a temporary directory to fill; on success it replaces `path` whole, on error it vanishes.
     Given a dict `md5s`, it is filled with the md5 of every file written, keyed by its final path, hashed
     as the writers go (rlpipe/file_md5.py)."""
+    from rlpipe.file_md5 import hashing  # here: a stage's thin client imports this module, never hashes
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(path)
     tmp.mkdir()

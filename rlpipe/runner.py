@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 from rlpipe import paths
 from rlpipe.atomic import atomic_write_text
 from rlpipe.errors import PipelineError
-from rlpipe.file_md5 import hash_wait_seconds
 from rlpipe.progress import bars_enabled
 from rlpipe.stages import STAGES, StageContext
 
@@ -117,6 +116,8 @@ def execute(name: str, params: Params, round_name: str | None = None, tracker: S
         from rlpipe.models.store import ModelStore
 
         models = ModelStore()
+    from rlpipe.file_md5 import hash_wait_seconds  # here, not at the top: the thin client never hashes
+
     ctx = StageContext(name, params, round_name, tracker, models)
     hash_wait_before = hash_wait_seconds()
     with ctx.timed("work_seconds"):
