@@ -318,8 +318,35 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
     assert all(not near_miss("12", random.Random(s)).startswith("0") for s in range(50))
 
 
+def test_the_verifier_rows_of_the_reasoning_task_slip_once_and_carry_the_slip():
+    """Reasoning: the right solution; the same with one running sum wrong by a digit and every later step
+    adding correctly to it, so the marked answer is wrong; then the marked answer alone and a near miss."""
+    import random
+
+    from rlpipe.data.tasks import final_answer, reasoning_example
+    from rlpipe.train.critic import verifier_texts
+
+    rng = random.Random(0)
+    for _ in range(200):
+        example = reasoning_example(rng, 2, 2, 5)
+        (right, r1), (wrong, r0), (jump, j1), (jump_wrong, j0) = verifier_texts("reasoning", example.prompt,
+                                                                                 example.answer, rng)
+        assert (r1, r0, j1, j0) == (1.0, 0.0, 1.0, 0.0)
+        assert right == example.meta and jump == f"#{example.answer}"
+        assert final_answer(wrong) != example.answer and final_answer(jump_wrong) != example.answer
+        assert len(jump_wrong) == len(jump) and sum(a != b for a, b in zip(jump, jump_wrong)) == 1
+        steps = wrong.split("#")[0].rstrip(";").split(";")
+        numbers = [int(n) for n in example.prompt.rstrip("=").split("+")]
+        sums = [(int(a), int(b), int(c)) for a, b, c in (step.replace("=", "+").split("+") for step in steps)]
+        assert [b for _, b, _ in sums] == numbers[1:] and sums[0][0] == numbers[0]
+        assert sum(a + b != c for a, b, c in sums) == 1  # one slip
+        assert all(sums[k + 1][0] == sums[k][2] for k in range(len(sums) - 1))  # carried on from the wrong sum
+        assert final_answer(wrong) == str(sums[-1][2])
+
+
 def test_the_verifier_phase_refuses_tasks_without_near_misses():
     from rlpipe.errors import PipelineError
 
     with pytest.raises(PipelineError, match="value.pretrain.verifier_steps"):
-        params_from_dict({"data": {"task": "reasoning"}, "value": {"pretrain": {"verifier_steps": 10}}})
+        params_from_dict({"data": {"task": "chain"}, "value": {"pretrain": {"verifier_steps": 10}}})
+    params_from_dict({"data": {"task": "reasoning"}, "value": {"pretrain": {"verifier_steps": 10}}})

@@ -77,11 +77,12 @@ class Params(Section):
             raise KeyedError("update.lr_decay_steps", f"the cosine schedule needs its horizon in optimizer steps: "
                                                       f"{per_round * self.rounds} for these {self.rounds} rounds of "
                                                       f"{per_round} steps (fewer if dynamic sampling drops groups)")
-        if self.value.pretrain.verifier_steps and (self.data.source != "synthetic" or self.data.task != "addition"):
+        if self.value.pretrain.verifier_steps and (self.data.source != "synthetic"
+                                                   or self.data.task not in ("addition", "reasoning")):
             raise KeyedError("value.pretrain.verifier_steps", f"the verifier phase makes near misses of synthetic "
                                                               f"sums: data.source 'synthetic' with data.task "
-                                                              f"'addition' only (got {self.data.source!r}, "
-                                                              f"{self.data.task!r}); set it to 0")
+                                                              f"'addition' or 'reasoning' only (got "
+                                                              f"{self.data.source!r}, {self.data.task!r}); set it to 0")
         if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
             raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
         if self.model.lora.rank > 0 and self.update.strategy == "fsdp2":

@@ -511,11 +511,11 @@ class ValuePretrainConfig(Section):
     prompts: int = Field(512, ge=1)
     """Prompts sampled from the init policy (M responses each) to fit the critic on."""
     verifier_steps: int = Field(0, ge=0)
-    """Steps of a verifier phase before value pretraining (synthetic addition only; 0 = off). The critic
-    first learns to tell each train prompt's sum from a one-digit near miss (reward 1 or 0, in value
-    pretraining's own loop), then value pretraining starts from it, head kept. On addition, 3,000 steps
-    (about 20 minutes on 2 cores) took the critic from 0.02 to 0.63 of its ceiling (README, The critic's
-    ceiling)."""
+    """Steps of a verifier phase before value pretraining (synthetic addition or reasoning; 0 = off). The
+    critic first learns to tell each train prompt's sum from a one-digit near miss (reasoning: also its
+    running sums from the same with one slip carried to the answer), reward 1 or 0, in value pretraining's
+    own loop; then value pretraining starts from it, head kept. On addition, 3,000 steps (about 20 minutes
+    on 2 cores) took the critic from 0.02 to 0.63 of its ceiling (README, The critic's ceiling)."""
     verifier_prompts: int = Field(8192, ge=1)
     """Train prompts of the verifier phase (at most the split's), each with its sum and a near miss."""
     verifier_lr: float = Field(0.001, gt=0)

@@ -172,10 +172,12 @@ def held_out_groups(seed: int, n_groups: int) -> set[int]:
 
 
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
-                    groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None) -> dict:
+                    groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None,
+                    eval_every: int = EVAL_EVERY) -> dict:
     """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
     `groups`, one group per prompt) and write the round-0 critic to `out_dir`. `oracle(rows, returns,
-    values, mask)`, when given, measures the critic's ceiling on the held-out rows its EV is taken on."""
+    values, mask)`, when given, measures the critic's ceiling on the held-out rows its EV is taken on.
+    The held-out EV is taken every `eval_every` steps and after the last; evaluating changes no weight."""
     cfg = params.value.pretrain
     mask = pad_ragged(response_ids, 0, torch.long)[1]
     returns = monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma)
@@ -203,7 +205,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
             stats = value_step(critic, optimizer, targets.rows(rng.sample(train_idx, min(batch_rows, len(train_idx)))),
                                params, tokenizer.pad_token_id, f"value_pretrain step {step}")
             step += 1
-            if step % EVAL_EVERY == 0 or step == cfg.max_steps:
+            if step % eval_every == 0 or step == cfg.max_steps:
                 values = held_out_values()
                 ev = explained_variance(values, eval_targets.returns, eval_targets.mask)
                 stats["explained_variance"] = ev
@@ -236,9 +238,37 @@ def near_miss(answer: str, rng: random.Random) -> str:
     return answer[:position] + rng.choice(choices) + answer[position + 1:]
 
 
+def wrong_steps(numbers: list[int], rng: random.Random) -> str:
+    """A step-by-step solution (`rlpipe.data.tasks.reasoning_solution`'s format) whose running sum goes
+    wrong at one step, a one-digit near miss; every later step adds correctly to the wrong sum, so the
+    marked answer is wrong too: what a policy writes when it slips once."""
+    from rlpipe.data.tasks import ANSWER_MARKER, REASONING_STEP_SEPARATOR
+
+    slip = rng.randrange(len(numbers) - 1)
+    steps, total = [], numbers[0]
+    for step, n in enumerate(numbers[1:]):
+        result = total + n if step != slip else int(near_miss(str(total + n), rng))
+        steps.append(f"{total}+{n}={result}")
+        total = result
+    return REASONING_STEP_SEPARATOR.join([*steps, f"{ANSWER_MARKER}{total}"])
+
+
+def verifier_texts(task: str, prompt: str, answer: str, rng: random.Random) -> list[tuple[str, float]]:
+    """(response, reward) pairs for one train prompt, right then wrong. `addition`: its sum, and a near
+    miss. `reasoning`: the running sums and the marked answer, and the same with one slip propagated;
+    then the marked answer alone, and a near miss of it (the two ways its policy answers)."""
+    from rlpipe.data.tasks import ANSWER_MARKER, reasoning_solution
+
+    if task == "addition":
+        return [(answer, 1.0), (near_miss(answer, rng), 0.0)]
+    numbers = [int(n) for n in prompt.rstrip("=").split("+")]
+    return [(reasoning_solution(numbers), 1.0), (wrong_steps(numbers, rng), 0.0),
+            (f"{ANSWER_MARKER}{answer}", 1.0), (f"{ANSWER_MARKER}{near_miss(answer, rng)}", 0.0)]
+
+
 def verifier_rows(params: Params, tokenizer, train_path: Path):
     """(prompt_ids, response_ids, rewards, groups): `value.pretrain.verifier_prompts` train prompts (a seeded
-    sample), each twice: its sum then eos (reward 1), and a near miss then eos (reward 0)."""
+    sample), each with its `verifier_texts` then eos."""
     from rlpipe.data.prompts import encode_prompts
 
     table = artifacts.read_parquet(train_path, columns=["prompt", "answer"]).to_pydict()
@@ -247,8 +277,7 @@ def verifier_rows(params: Params, tokenizer, train_path: Path):
     encoded = encode_prompts(tokenizer, [table["prompt"][i] for i in picked], params.data)
     prompt_ids, response_ids, rewards, groups = [], [], [], []
     for group, (i, ids) in enumerate(zip(picked, encoded)):
-        answer = table["answer"][i]
-        for text, reward in ((answer, 1.0), (near_miss(answer, rng), 0.0)):
+        for text, reward in verifier_texts(params.data.task, table["prompt"][i], table["answer"][i], rng):
             prompt_ids.append(ids)
             response_ids.append(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
             rewards.append(reward)
@@ -268,6 +297,9 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
         "lr": cfg.verifier_lr,
         "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0})})})
     prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
-    metrics = pretrain_critic(phase, prompt_ids, response_ids, torch.tensor(rewards), groups, backbone, out_dir)
+    # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
+    # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
+    metrics = pretrain_critic(phase, prompt_ids, response_ids, torch.tensor(rewards), groups, backbone, out_dir,
+                              eval_every=max(EVAL_EVERY, cfg.verifier_steps // 20))
     return {"value/verifier_explained_variance": metrics["value/explained_variance"],
             "value/verifier_steps": metrics["value/pretrain_steps"], "value/verifier_rows": len(response_ids)}
