@@ -170,3 +170,19 @@ def test_the_worker_drops_another_user_and_other_projects(tmp_path, open_dir):
     assert answer["ok"] is False and f"this worker serves {project}" in answer["error"]
     assert "dropped a connection from another user" in log.read_text()
     assert not (project / "runs").exists()
+
+
+def test_daemons_opening_one_new_sqlite_store_at_once_all_succeed(tmp_path):
+    """Parallel experiments (or a sweep's slots) share one new mlflow.db: their daemons create its tables
+    in turn (`first_use_lock`), where MLflow alone fails all but one with "table _alembic_tmp_tags already
+    exists" (seen in CI's sweep test; three at once failed two in a trial without the lock)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start_at = time.time() + 10  # after the three have imported MLflow
+    code = ("import sys, time; from rlpipe.tracking.daemon import Store; import mlflow.tracking\n"
+            "while time.time() < float(sys.argv[2]): time.sleep(0.001)\n"
+            "Store(sys.argv[1]).experiment_id('rlpipe', sys.argv[3]); print('opened')")
+    workers = [subprocess.Popen([sys.executable, "-c", code, uri, str(start_at), str(tmp_path / "artifacts")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [worker.communicate(timeout=300) for worker in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0], [err[-500:] for _, err in results]
+    assert all(out.strip() == "opened" for out, _ in results)

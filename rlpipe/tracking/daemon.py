@@ -20,6 +20,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlpipe.local_service import inside, listen, peer_is_owner, process_alive
@@ -38,13 +40,34 @@ def metric_name(name: str) -> str:
     return name.replace("@", "_at_")
 
 
+@contextmanager
+def first_use_lock(tracking_uri: str) -> Iterator[None]:
+    """Held while a daemon opens a sqlite store. MLflow creates a new store's tables (alembic migrations)
+    on first use, and two daemons doing it at once on one new file fail ("table _alembic_tmp_tags already
+    exists"): parallel experiments, or a sweep's slots, sharing one mlflow.db. An exclusive lock on a file
+    beside the database makes them take turns (a separate file: closing any descriptor of the database
+    itself would drop sqlite's own locks in this process). Other stores need none."""
+    import fcntl
+
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(tracking_uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 class Store:
     """The MLflow client, with the experiment and parent run of this execution cached."""
 
     def __init__(self, tracking_uri: str):
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        with first_use_lock(tracking_uri):
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            self.client.search_experiments(max_results=1)  # a new sqlite store creates its tables here
         self.parents: dict[str, str] = {}
         self.experiments: dict[str, str] = {}
 
