@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Iterator
 
 
-
 def fsync_path(path: Path) -> None:
     flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
     fd = os.open(path, flags)

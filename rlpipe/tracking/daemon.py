@@ -15,6 +15,7 @@ logs its own plots), and a connection silent for CONNECTION_IDLE_S is dropped.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -47,8 +48,6 @@ def first_use_lock(tracking_uri: str) -> Iterator[None]:
     exists"): parallel experiments, or a sweep's slots, sharing one mlflow.db. An exclusive lock on a file
     beside the database makes them take turns (a separate file: closing any descriptor of the database
     itself would drop sqlite's own locks in this process). Other stores need none."""
-    import fcntl
-
     if not tracking_uri.startswith("sqlite:///"):
         yield
         return

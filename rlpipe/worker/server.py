@@ -181,9 +181,8 @@ def refuse_waiting(listener: socket.socket, address: Path, reason: str) -> None:
             conn, _ = listener.accept()
         except OSError:  # none left
             return
-        with conn:
-            with contextlib.suppress(OSError):
-                conn.sendall((json.dumps({"ok": False, "kind": "unavailable", "error": reason}) + "\n").encode())
+        with conn, contextlib.suppress(OSError):
+            conn.sendall((json.dumps({"ok": False, "kind": "unavailable", "error": reason}) + "\n").encode())
 
 
 def main() -> int:
