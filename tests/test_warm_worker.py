@@ -167,6 +167,9 @@ def test_the_fingerprint_stage_starts_the_worker_the_stages_then_use(project_cop
     started = time.monotonic()
     subprocess.run([sys.executable, "stages/fingerprint.py"], cwd=root, env=env, check=True, timeout=120)
     assert time.monotonic() - started < 20  # it did not wait for the worker's imports
+    # the worker logs its pid once it listens, which may be just after the fingerprint stage has exited
+    while not worker_pids(root) and time.monotonic() - started < 60:
+        time.sleep(0.05)
     assert len(worker_pids(root)) == 1
     assert by_hand(root, "rollout", "r2", env)["stage/worker_loads"] == 1
     subprocess.run([sys.executable, "stages/fingerprint.py"], cwd=root, env=env, check=True, timeout=120)
