@@ -252,7 +252,10 @@ class RolloutConfig(Section):
     batch_size: int = Field(2048, ge=1)
     """Sequences per generate call."""
     recompute_old_logprobs: Literal["auto", "always", "never"] = "auto"
-    """`auto` recomputes pi_old with the trainer whenever the rollout engine is not the trainer's (vllm)."""
+    """`auto` recomputes pi_old with the trainer whenever the rollout engine is not the trainer's (vllm).
+    Under `update.bf16` the HF engine's fp32 logprobs differ from the update's by about 0.005 nats a token
+    (at most 0.2-0.5 a round on the embedded default); `always` recomputes pi_old in the update's precision,
+    as TRL does, at one more forward of the round's responses (BENCHMARKS.md, e)."""
     vllm: RolloutVLLMConfig = RolloutVLLMConfig()
     """The vLLM engine's settings (`backend: vllm`)."""
 
