@@ -10,7 +10,9 @@ critic's EV on them and on all held-out responses differ by up to 0.2). This pro
 from the held-out prompts of every sample file in OUT (value pretraining's prompts of one seed are the
 start of one permutation, so a larger file holds a smaller one's prompts), with the oracle of
 `rlpipe.rollout.oracle` under `value.oracle_ev.continuations` (8 where params.yaml has 0), and prints
-each critic's EV on them, the oracle EV and the fraction: the stage's figures, on common ground. Then,
+each critic's EV on them, the oracle EV and the fraction: the stage's figures, on common ground, with
+95% bootstrap intervals over the probed responses (each fraction, and each critic's difference from the
+first critic named). Then,
 by where a state is (the answer marker `#` written or not, and how many tokens are left), the share of
 the squared error around the mean return that the oracle and each critic explain: where the critic
 falls short. The oracle's values are kept in OUT/probe-N.pt, so a rerun with other critics samples
@@ -81,6 +83,7 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
         explained[critic_dir.name] = values = predict(critic, targets, params, tokenizer.pad_token_id)
         ev = explained_variance(values, returns, mask)
         print(f"{critic_dir}: critic EV {ev:.3f}, fraction of the ceiling {ev / ceiling:.2f}")
+    print_bootstrap(returns, mask, oracle, noise, {name: v for name, v in explained.items() if name != "oracle"})
 
     marker = tokenizer.convert_tokens_to_ids("#")
     where = torch.zeros_like(mask, dtype=torch.long)  # 0: steps (or nothing) written; 1: after `#`; 2: eos next
@@ -97,6 +100,33 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
         gains = [share - float(((returns - v) ** 2 * at).sum() / total) for v in explained.values()]
         gains[0] += float((noise * at).sum() / total)  # the oracle's own sampling noise, as in its EV
         print(f"{label} | {int(at.sum())} | {share:.3f} | " + " | ".join(f"{g:.3f}" for g in gains))
+
+
+def print_bootstrap(returns, mask, oracle, noise, critics: dict, resamples: int = 2000) -> None:
+    """95% intervals of each critic's fraction of the ceiling, and of its difference from the first
+    critic's, over the probe's responses drawn again with replacement (the ceiling taken on each draw
+    too, so that the fractions of one draw share it): how far the probe's 256 responses let two
+    fractions be told apart."""
+    from rlpipe.models.critic import explained_variance, oracle_explained_variance
+
+    generator = torch.Generator().manual_seed(0)
+    fractions = {name: [] for name in critics}
+    for _ in range(resamples):
+        rows = torch.randint(0, len(returns), (len(returns),), generator=generator)
+        ceiling = oracle_explained_variance(returns[rows], mask[rows], oracle[rows], noise[rows])
+        for name, values in critics.items():
+            fractions[name].append(explained_variance(values[rows], returns[rows], mask[rows]) / ceiling)
+
+    def interval(draws: list[float]) -> str:
+        ordered = sorted(draws)
+        return f"[{ordered[int(0.025 * len(ordered))]:.2f}, {ordered[int(0.975 * len(ordered)) - 1]:.2f}]"
+
+    first = next(iter(critics), None)
+    for name, draws in fractions.items():
+        line = f"{name}: fraction of the ceiling, 95% interval over {resamples} resamples of the responses {interval(draws)}"
+        if name != first:
+            line += f"; minus {first}'s, paired: {interval([a - b for a, b in zip(draws, fractions[first])])}"
+        print(line)
 
 
 if __name__ == "__main__":
