@@ -105,17 +105,18 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
 def print_bootstrap(returns, mask, oracle, noise, critics: dict, resamples: int = 2000) -> None:
     """95% intervals of each critic's fraction of the ceiling, and of its difference from the first
     critic's, over the probe's responses drawn again with replacement (the ceiling taken on each draw
-    too, so that the fractions of one draw share it): how far the probe's 256 responses let two
-    fractions be told apart."""
+    too, so that the fractions of one draw share it): how far the probe's N responses let two fractions
+    be told apart."""
     from rlpipe.models.critic import explained_variance, oracle_explained_variance
 
     generator = torch.Generator().manual_seed(0)
     fractions = {name: [] for name in critics}
     for _ in range(resamples):
         rows = torch.randint(0, len(returns), (len(returns),), generator=generator)
-        ceiling = oracle_explained_variance(returns[rows], mask[rows], oracle[rows], noise[rows])
+        drawn_returns, drawn_mask = returns[rows], mask[rows]
+        ceiling = oracle_explained_variance(drawn_returns, drawn_mask, oracle[rows], noise[rows])
         for name, values in critics.items():
-            fractions[name].append(explained_variance(values[rows], returns[rows], mask[rows]) / ceiling)
+            fractions[name].append(explained_variance(values[rows], drawn_returns, drawn_mask) / ceiling)
 
     def interval(draws: list[float]) -> str:
         ordered = sorted(draws)
