@@ -56,12 +56,21 @@ def test_every_shipped_params_file_validates():
         ({"rollout": {"vllm": {"enforce_eager": "sometimes"}}}, "rollout.vllm.enforce_eager"),
         ({"rollout": {"vllm": {"swap_space": 4}}}, "rollout.vllm.swap_space"),  # gone from vLLM 0.32
         ({"rollout": {"max_new_tokens": 64, "vllm": {"max_model_len": 64}}}, "rollout.vllm.max_model_len"),
+        ({"rollout": {"backend": "vllm", "bf16": True}}, "rollout.bf16"),
     ],
 )
 def test_bad_params_name_the_key(patch, key):
     with pytest.raises(ParamsError) as err:
         params_from_dict(patch)
     assert f"  {key}: " in str(err.value)
+
+
+def test_evaluation_generates_without_the_rollouts_bf16():
+    from rlpipe.stages.evaluate import eval_rollout_config
+
+    params = params_from_dict({"rollout": {"bf16": True, "temperature": 0.7}, "eval": {"temperature": 1.0}})
+    assert params.rollout.bf16 and not eval_rollout_config(params).bf16
+    assert eval_rollout_config(params).temperature == 1.0
 
 
 @pytest.mark.parametrize("endpoint", ["10.0.0.1:29500", "node-0.cluster:29500", "[::1]:29500", "localhost:1"])

@@ -251,6 +251,13 @@ class RolloutConfig(Section):
     """0 = off."""
     batch_size: int = Field(2048, ge=1)
     """Sequences per generate call."""
+    bf16: bool = False
+    """bf16 autocast of the `hf` backend's generation (weights stay in `model.dtype`): faster on GPUs and on
+    CPUs with avx512_bf16 or AMX, and what TRL does under `bf16=True` (accelerate wraps the policy's forward
+    in autocast, generation included). Responses are sampled from the bf16 logits, and the behaviour
+    logprobs are theirs. Also for value pretraining's samples and the oracle's continuations; evaluation
+    generates without it, so that pass@1 stays comparable between runs that differ only here. `vllm`
+    runs in `model.dtype` and rejects it."""
     recompute_old_logprobs: Literal["auto", "always", "never"] = "auto"
     """`auto` recomputes pi_old with the trainer whenever the rollout engine is not the trainer's (vllm).
     Under `update.bf16` the HF engine's fp32 logprobs differ from the update's by about 0.005 nats a token
@@ -258,6 +265,13 @@ class RolloutConfig(Section):
     as TRL does, at one more forward of the round's responses (BENCHMARKS.md, e)."""
     vllm: RolloutVLLMConfig = RolloutVLLMConfig()
     """The vLLM engine's settings (`backend: vllm`)."""
+
+    @model_validator(mode="after")
+    def _bf16_is_the_hf_backends(self) -> "RolloutConfig":
+        if self.bf16 and self.backend != "hf":
+            raise KeyedError("rollout.bf16", f"applies to the hf backend; {self.backend} generates in model.dtype "
+                             "(set model.dtype: bfloat16 there)")
+        return self
 
     @model_validator(mode="after")
     def _engine_fits_a_response(self) -> "RolloutConfig":

@@ -29,7 +29,7 @@ def _hf_backend(models, policy_path: Path, cfg: RolloutConfig, dtype: str):
     from rlpipe.rollout.hf import HFBackend
 
     model, tokenizer = models.policy(policy_path, dtype)
-    return HFBackend(model, tokenizer, batch_size=cfg.batch_size)
+    return HFBackend(model, tokenizer, batch_size=cfg.batch_size, bf16=cfg.bf16)
 
 
 @ROLLOUT_BACKENDS.register("vllm")

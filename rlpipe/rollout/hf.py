@@ -7,6 +7,7 @@ over its one-hot scores. Behaviour logprobs come from the raw logits (`output_lo
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -21,10 +22,10 @@ class HFBackend:
     name = "hf"
     startup_seconds = 0.0  # the model is loaded before; no engine to start
 
-    def __init__(self, model, tokenizer, batch_size: int):
+    def __init__(self, model, tokenizer, batch_size: int, bf16: bool = False):
         from transformers import GenerationConfig, LogitsProcessorList
 
-        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.model, self.tokenizer, self.batch_size, self.bf16 = model, tokenizer, batch_size, bf16
         self._processors = LogitsProcessorList
         self.generation_config = GenerationConfig(
             do_sample=False,
@@ -42,7 +43,8 @@ class HFBackend:
         order = sorted(range(len(rows.prompt_ids)), key=lambda i: len(rows.prompt_ids[i]))
         out_by_row: dict[int, tuple[list[int], list[float], str]] = {}
         total = GenerationOutput()
-        with progress(total=len(order), desc=desc, unit="seq") as bar:
+        autocast = torch.autocast(self.model.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        with progress(total=len(order), desc=desc, unit="seq") as bar, autocast:
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 part = self._generate_chunk(rows, chunk, spec)

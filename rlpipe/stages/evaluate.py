@@ -43,10 +43,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def eval_rollout_config(params: Params) -> RolloutConfig:
-    """The rollout settings evaluation generates with: the backend's, at eval.temperature. A vLLM engine's
-    logprobs mode follows its temperature (raw at 1, processed otherwise), so an eval at a temperature
-    on the other side of 1 from the rollout's needs an engine of its own, which this asks for."""
-    return params.rollout.model_copy(update={"temperature": params.eval.temperature})
+    """The rollout settings evaluation generates with: the backend's, at eval.temperature, without the
+    rollout's bf16 autocast (pass@1 measures the weights as stored). A vLLM engine's logprobs mode follows
+    its temperature (raw at 1, processed otherwise), so an eval at a temperature on the other side of 1
+    from the rollout's needs an engine of its own, which this asks for."""
+    return params.rollout.model_copy(update={"temperature": params.eval.temperature, "bf16": False})
 
 
 class Evaluator:
