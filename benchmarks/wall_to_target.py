@@ -6,7 +6,8 @@ For each seed, both sides start from the same `runs/policy/r0` (that seed's SFT 
 schedule of params.yaml: per "round" `rollout.prompts_per_round` prompts x 8 samples, in optimizer steps
 of `update.minibatch_prompts` prompts (TRL's `steps_per_generation`), AdamW at the same lr, the grpo loss
 (k3 KL in the loss, beta 0.04, clip 0.2, seq-mean-token-mean), T = 1, at most 6 new tokens, and bf16
-autocast in the update: TRL's default (`bf16=True`, on CPU too), so rlpipe gets `update.bf16`. One round
+autocast in the update and in generation: TRL's default (`bf16=True`, on CPU too), so rlpipe gets
+`update.bf16` and `rollout.bf16` (the latter since 2026-12-05, evening). One round
 of difference is a large share of the time, so the figure is the ratio of the medians over 3 seeds.
 
 - rlpipe: the real pipeline, one `dvc repro rounds/rN/dvc.yaml:update` in the scratch project (DVC and
@@ -50,13 +51,15 @@ def steps_per_round(params) -> int:
 
 def scratch_project(root: Path, rounds: int, seed: int) -> Path:
     """The pipeline with the embedded params, `rounds` rounds, this seed, tracking off (TRL's side reports
-    nowhere either), and TRL's default precision: bf16 autocast in the update."""
+    nowhere either), and TRL's precision under its default `bf16=True`: bf16 autocast in the update and in
+    generation (accelerate wraps the policy's forward, which TRL's `generate` calls)."""
     from rlpipe.scratch_project import CHECKOUT, copy_pipeline
 
     shutil.rmtree(root, ignore_errors=True)  # a seed cut short starts over
     raw = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
     raw["update"]["bf16"] = True
+    raw["rollout"]["bf16"] = True
     raw["rounds"] = rounds
     raw["seed"] = seed
     return copy_pipeline(root, yaml.safe_dump(raw, sort_keys=False), committer="rlpipe-bench")
