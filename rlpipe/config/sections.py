@@ -261,9 +261,9 @@ class RolloutConfig(Section):
     runs in `model.dtype` and rejects it."""
     recompute_old_logprobs: Literal["auto", "always", "never"] = "auto"
     """`auto` recomputes pi_old with the trainer whenever the rollout engine is not the trainer's (vllm).
-    Under `update.bf16` the HF engine's fp32 logprobs (without `rollout.bf16`) differ from the update's by about 0.005 nats a token
-    (at most 0.2-0.5 a round on the embedded default); `always` recomputes pi_old in the update's precision,
-    as TRL does, at one more forward of the round's responses (BENCHMARKS.md, e)."""
+    Under `update.bf16` the HF engine's fp32 logprobs (without `rollout.bf16`) differ from the update's by
+    about 0.005 nats a token (at most 0.2-0.5 a round on the embedded default); `always` recomputes pi_old
+    in the update's precision, as TRL does, at one more forward of the round's responses (BENCHMARKS.md, e)."""
     vllm: RolloutVLLMConfig = RolloutVLLMConfig()
     """The vLLM engine's settings (`backend: vllm`)."""
 

@@ -43,8 +43,8 @@ class HFBackend:
         order = sorted(range(len(rows.prompt_ids)), key=lambda i: len(rows.prompt_ids[i]))
         out_by_row: dict[int, tuple[list[int], list[float], str]] = {}
         total = GenerationOutput()
-        autocast = torch.autocast(self.model.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
-        with progress(total=len(order), desc=desc, unit="seq") as bar, autocast:
+        precision = torch.autocast(self.model.device.type, torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        with progress(total=len(order), desc=desc, unit="seq") as bar, precision:
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 part = self._generate_chunk(rows, chunk, spec)
