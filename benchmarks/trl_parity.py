@@ -1,0 +1,234 @@
+"""Does rlpipe's grpo round compute what TRL's GRPOTrainer computes, given the same samples? Benchmark e's
+companion: where the two sides need different numbers of rounds to its target, this rules the round's
+math in or out as the cause.
+
+From one seed's warm start (a scratch project as benchmark e builds it, `dvc repro init`), TRL runs one
+optimizer step of a round exactly as benchmark e runs it, with gradient clipping off so that the raw
+gradient can be read. Its generation batch (prompts, completions, advantages, reference and old
+logprobs), its first step's rows and that step's gradient are captured, and rlpipe's own code is run on
+the same rows:
+- rewards: rlpipe's verifier on the decoded completions, through rlpipe's grpo estimator, against TRL's
+  advantages (with rlpipe's defaults, population std, and with TRL's sample std and eps 1e-4);
+- the reference logprobs, rlpipe's forward under the update's bf16 autocast, against TRL's;
+- the step's gradient, rlpipe's policy loss on TRL's first-step rows (TRL's old and reference logprobs and
+  advantages), against TRL's: norm ratio and cosine, for each attention kernel rlpipe may use;
+- the sampler: rlpipe's `hf` backend and `model.generate` (TRL's generation), both under bf16 autocast,
+  over the round's prompts x `--samples` samples: mean reward and mean length with standard errors.
+
+`python -m benchmarks.trl_parity --work DIR [--seed 0] [--samples 32]` (needs the `bench` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from benchmarks.common import table
+
+
+def trl_round_capture(root: Path, params) -> dict:
+    """One TRL step of benchmark e's configuration (clipping off): its generation batch, the first step's
+    inputs and that step's raw gradient."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmarks.wall_to_target import steps_per_round
+    from rlpipe import paths
+    from rlpipe.rewards import VERIFIERS
+
+    warm_start = root / paths.policy_dir("r0")
+    train = pq.read_table(root / paths.TRAIN).select(["prompt", "answer", "meta"]).to_pydict()
+    verify = VERIFIERS.get(params.resolved_verifier())
+
+    def reward(completions, answer, meta, **_):
+        return [v.reward for v in verify(completions, answer, meta)]
+
+    cfg, update = params.rollout, params.update
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-parity-"),
+        per_device_train_batch_size=update.minibatch_prompts * cfg.samples_per_prompt,
+        num_generations=cfg.samples_per_prompt, steps_per_generation=steps_per_round(params), max_steps=1,
+        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+        learning_rate=update.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=update.weight_decay,
+        adam_beta1=update.adam_beta1, adam_beta2=update.adam_beta2, max_grad_norm=1e9,  # the raw gradient
+        beta=0.04, epsilon=0.2, loss_type="grpo", use_cpu=True, report_to=[], save_strategy="no", seed=params.seed,
+        disable_tqdm=True,
+    )
+    captured: dict = {}
+
+    def detached(batch: dict) -> dict:
+        return {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    class Capturing(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            captured["round"] = detached(out)
+            captured["answers"], captured["meta"] = [x["answer"] for x in inputs], [x["meta"] for x in inputs]
+            return out
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            captured.setdefault("step", detached(inputs))
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    class Gradient(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **_):
+            captured.setdefault("grad", {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                         if p.grad is not None})
+
+    tokenizer = AutoTokenizer.from_pretrained(warm_start)
+    Capturing(model=str(warm_start), reward_funcs=[reward], args=args, processing_class=tokenizer,
+              train_dataset=Dataset.from_dict(train), callbacks=[Gradient()]).train()
+    return captured
+
+
+def unpadded(batch: dict) -> tuple[list[list[int]], list[list[int]]]:
+    """TRL's left-padded prompts and right-padded completions (eos included) as token lists."""
+    prompts = [p[m.bool()].tolist() for p, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
+    completions = [c[m.bool()].tolist() for c, m in zip(batch["completion_ids"], batch["completion_mask"])]
+    return prompts, completions
+
+
+def compare(root: Path, params, captured: dict, samples: int) -> list[list]:
+    import torch
+
+    from rlpipe import paths
+    from rlpipe.algorithms.build import compute_round_advantages, minibatch_loss_setup, policy_loss
+    from rlpipe.models.policy import load_policy
+    from rlpipe.models.sequences import batched_response_logprobs, pack, pad_ragged, response_logprobs
+    from rlpipe.rewards import VERIFIERS
+    from rlpipe.train.policy import update_autocast
+
+    spec, cfg = params.algorithm.resolve(), params.rollout
+    model, tokenizer = load_policy(root / paths.policy_dir("r0"), params.model.dtype)
+    verify = VERIFIERS.get(params.resolved_verifier())
+    rows: list[list] = []
+
+    # rewards and advantages of the whole generation batch (prompts repeated in consecutive rows)
+    batch = captured["round"]
+    prompts, completions = unpadded(batch)
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    rewards = torch.tensor([v.reward for v in verify(texts, captured["answers"], captured["meta"])])
+    group = torch.arange(len(completions)) // cfg.samples_per_prompt
+    width = max(map(len, completions))
+    mask = pad_ragged(completions, 0, torch.long, width=width)[1]
+    for label, overrides in (("rlpipe's default (population std, eps 1e-6)", {}),
+                             ("std_ddof 1, std_eps 1e-4 (TRL's)", {"std_ddof": 1, "std_eps": 1e-4})):
+        result = compute_round_advantages(spec.model_copy(update=overrides), rewards=rewards, response_mask=mask,
+                                          group_index=group, old_logp=torch.zeros(mask.shape))
+        diff = (result.advantages[:, 0] - batch["advantages"]).abs()
+        rows.append([f"advantages, {label}", f"max abs difference {diff.max().item():.2e}",
+                     f"{len(completions)} completions"])
+
+    # reference logprobs, as rlpipe's advantage stage computes them under update.bf16
+    with torch.no_grad(), update_autocast(params, "cpu"):
+        ref = batched_response_logprobs(model, prompts, completions, tokenizer.pad_token_id, cfg.temperature,
+                                        params.update.micro_batch_tokens, width)
+    diff = (ref - batch["ref_per_token_logps"][:, :width])[mask.bool()].abs()
+    rows.append(["reference logprobs (bf16 autocast)", f"mean abs difference {diff.mean().item():.1e} nats",
+                 f"max {diff.max().item():.1e}"])
+
+    # the first step's gradient on TRL's rows, with TRL's advantages, old and reference logprobs
+    step = captured["step"]
+    step_prompts, step_completions = unpadded(step)
+    width = max(map(len, step_completions))
+    step_mask = pad_ragged(step_completions, 0, torch.long, width=width)[1]
+    setup = minibatch_loss_setup(spec, response_mask=step_mask, group_index=torch.arange(len(step_completions)),
+                                 correct=None, truncated=None, max_new_tokens=cfg.max_new_tokens)
+    theirs = torch.cat([g.flatten() for g in captured["grad"].values()]).double()  # float64: a cosine over 1M terms
+    for attention in ("eager", "sdpa"):
+        model.set_attn_implementation(attention)
+        model.train()
+        model.zero_grad(set_to_none=True)
+        with update_autocast(params, "cpu"):
+            logp, entropy = response_logprobs(model, pack(step_prompts, step_completions, tokenizer.pad_token_id,
+                                                          response_width=width), cfg.temperature, with_entropy=True)
+            loss, _ = policy_loss(spec, logp=logp, old_logp=step["old_per_token_logps"][:, :width],
+                                  advantages=step["advantages"].unsqueeze(1) * step_mask,
+                                  setup=setup, ref_logp=step["ref_per_token_logps"][:, :width], entropy=entropy)
+        loss.backward()
+        named = dict(model.named_parameters())
+        ours = torch.cat([named[name].grad.flatten() for name in captured["grad"]]).double()
+        cosine = torch.nn.functional.cosine_similarity(ours, theirs, dim=0).item()
+        rows.append([f"step 1 gradient, {attention} attention", f"cosine {cosine:.5f}",
+                     f"norm ours / TRL's {ours.norm().item() / theirs.norm().item():.4f} (TRL's {theirs.norm().item():.3f})"])
+    model.eval()
+
+    rows += sampler_rows(model, tokenizer, prompts[::cfg.samples_per_prompt], captured, samples, params, verify)
+    return rows
+
+
+def sampler_rows(model, tokenizer, prompts, captured, samples: int, params, verify) -> list[list]:
+    """rlpipe's `hf` backend against `model.generate` (do_sample, as TRL calls it), both under bf16 autocast,
+    on the same prompts: mean reward and length, with the standard error of the mean over prompts."""
+    import torch
+    from transformers import GenerationConfig
+
+    from rlpipe.models.sequences import pad_ragged
+    from rlpipe.rollout.base import GenerationRows, SamplingSpec
+    from rlpipe.rollout.hf import HFBackend
+    from rlpipe.rollout.sampling import prompt_uniforms
+
+    cfg, per_group = params.rollout, params.rollout.samples_per_prompt
+    answers, meta = captured["answers"][::per_group], captured["meta"][::per_group]
+
+    def summary(responses: list[list[int]]) -> str:
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+        reward = torch.tensor([v.reward for v in verify(texts, [a for a in answers for _ in range(samples)],
+                                                           [m for m in meta for _ in range(samples)])])
+        per_prompt = reward.view(len(prompts), samples).mean(dim=1)
+        length = sum(map(len, responses)) / len(responses)
+        return (f"reward {per_prompt.mean().item():.4f} +- {per_prompt.std().item() / math.sqrt(len(prompts)):.4f}, "
+                f"length {length:.3f}")
+
+    rows = [p for p in prompts for _ in range(samples)]
+    uniforms = prompt_uniforms(params.seed, "trl-parity", list(range(len(prompts))), samples, cfg.max_new_tokens)
+    ours = HFBackend(model, tokenizer, cfg.batch_size, bf16=True).generate(
+        GenerationRows(rows, uniforms, torch.zeros(len(rows), dtype=torch.bool)),
+        SamplingSpec(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p))
+    generation = GenerationConfig(max_new_tokens=cfg.max_new_tokens, do_sample=True, temperature=cfg.temperature,
+                                  top_k=cfg.top_k, top_p=cfg.top_p, pad_token_id=tokenizer.pad_token_id,
+                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(params.seed)
+    theirs = []
+    for start in range(0, len(prompts), 64):
+        ids = pad_ragged(prompts[start:start + 64], tokenizer.pad_token_id, torch.long, left=True)[0]
+        ids = ids.repeat_interleave(samples, dim=0)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model.generate(ids, attention_mask=(ids != tokenizer.pad_token_id).long(), generation_config=generation)
+        for row in out[:, ids.shape[1]:].tolist():
+            theirs.append(row[:row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
+    return [["sampling, rlpipe's hf backend (bf16)", summary(ours.response_ids), f"{len(rows)} samples"],
+            ["sampling, model.generate (bf16)", summary(theirs), f"{len(rows)} samples"]]
+
+
+def run(work: Path, seed: int = 0, samples: int = 32) -> str:
+    import torch
+
+    from benchmarks.wall_to_target import dvc_repro, scratch_project
+    from rlpipe import paths
+    from rlpipe.config import load_params
+
+    torch.set_num_threads(2)
+    root = work / f"seed{seed}"
+    if not (root / paths.policy_dir("r0")).is_dir():
+        root = scratch_project(root, 1, seed)
+        dvc_repro(root, "init")
+    params = load_params(root / "params.yaml")
+    rows = compare(root, params, trl_round_capture(root, params), samples)
+    return table(f"TRL parity: one grpo round of benchmark e's configuration from seed {seed}'s warm start, "
+                 f"rlpipe's code on TRL's samples", ["what", "rlpipe against TRL", "detail"], rows)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True, help="scratch directory (the seed's project is kept)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=32, help="samples per prompt in the sampler comparison")
+    ns = parser.parse_args()
+    print(run(ns.work, ns.seed, ns.samples))
