@@ -30,36 +30,18 @@ from benchmarks.common import table
 def trl_round_capture(root: Path, params) -> dict:
     """One TRL step of benchmark e's configuration (clipping off): its generation batch, the first step's
     inputs and that step's raw gradient."""
-    import tempfile
-
     import pyarrow.parquet as pq
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    from benchmarks.wall_to_target import steps_per_round
+    from benchmarks.wall_to_target import trl_config, trl_reward
     from rlpipe import paths
-    from rlpipe.rewards import VERIFIERS
 
     warm_start = root / paths.policy_dir("r0")
     train = pq.read_table(root / paths.TRAIN).select(["prompt", "answer", "meta"]).to_pydict()
-    verify = VERIFIERS.get(params.resolved_verifier())
-
-    def reward(completions, answer, meta, **_):
-        return [v.reward for v in verify(completions, answer, meta)]
-
-    cfg, update = params.rollout, params.update
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-parity-"),
-        per_device_train_batch_size=update.minibatch_prompts * cfg.samples_per_prompt,
-        num_generations=cfg.samples_per_prompt, steps_per_generation=steps_per_round(params), max_steps=1,
-        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-        learning_rate=update.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=update.weight_decay,
-        adam_beta1=update.adam_beta1, adam_beta2=update.adam_beta2, max_grad_norm=1e9,  # the raw gradient
-        beta=0.04, epsilon=0.2, loss_type="grpo", use_cpu=True, report_to=[], save_strategy="no", seed=params.seed,
-        disable_tqdm=True,
-    )
+    args = trl_config(params, max_steps=1, max_grad_norm=1e9)  # no clipping: the raw gradient
     captured: dict = {}
 
     def detached(batch: dict) -> dict:
@@ -82,7 +64,7 @@ def trl_round_capture(root: Path, params) -> dict:
                                          if p.grad is not None})
 
     tokenizer = AutoTokenizer.from_pretrained(warm_start)
-    Capturing(model=str(warm_start), reward_funcs=[reward], args=args, processing_class=tokenizer,
+    Capturing(model=str(warm_start), reward_funcs=[trl_reward(params)], args=args, processing_class=tokenizer,
               train_dataset=Dataset.from_dict(train), callbacks=[Gradient()]).train()
     return captured
 

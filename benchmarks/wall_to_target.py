@@ -181,10 +181,9 @@ def trl_side(root: Path, launched_at: float, target: float, max_rounds: int) -> 
     # too), before rlpipe's evaluator is built with the clock paused
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from rlpipe import paths
-    from rlpipe.rewards import VERIFIERS
 
     imports_seconds = clock.elapsed()
 
@@ -201,23 +200,8 @@ def trl_side(root: Path, launched_at: float, target: float, max_rounds: int) -> 
     params, evaluator = clock.pause(scoring_tools)
     warm_start = root / paths.policy_dir("r0")
     train = pq.read_table(root / paths.TRAIN).select(["prompt", "answer", "meta"]).to_pydict()
-    verify = VERIFIERS.get(params.resolved_verifier())
-
-    def reward(completions, answer, meta, **_):
-        return [v.reward for v in verify(completions, answer, meta)]
-
-    cfg, update, algo = params.rollout, params.update, params.algorithm
     steps = steps_per_round(params)
-    assert steps * update.minibatch_prompts == cfg.prompts_per_round and algo.preset == "grpo"
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-"), per_device_train_batch_size=update.minibatch_prompts * cfg.samples_per_prompt,
-        num_generations=cfg.samples_per_prompt, steps_per_generation=steps, max_steps=steps * max_rounds,
-        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-        learning_rate=update.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=update.weight_decay,
-        adam_beta1=update.adam_beta1, adam_beta2=update.adam_beta2, max_grad_norm=update.max_grad_norm,
-        beta=0.04, epsilon=0.2, loss_type="grpo", use_cpu=True, report_to=[], logging_steps=steps,
-        save_strategy="no", seed=params.seed, disable_tqdm=True,
-    )
+    args = trl_config(params, max_steps=steps * max_rounds, logging_steps=steps)
     tokenizer = AutoTokenizer.from_pretrained(warm_start)
     curve = []
 
@@ -230,10 +214,42 @@ def trl_side(root: Path, launched_at: float, target: float, max_rounds: int) -> 
             print(f"  TRL    r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
             control.should_training_stop = curve[-1][2] >= target
 
-    trainer = GRPOTrainer(model=str(warm_start), reward_funcs=[reward], args=args, processing_class=tokenizer,
+    trainer = GRPOTrainer(model=str(warm_start), reward_funcs=[trl_reward(params)], args=args, processing_class=tokenizer,
                           train_dataset=Dataset.from_dict(train), callbacks=[ScoreEachRound()])
     trainer.train()
     (root / "bench-trl.json").write_text(json.dumps({"curve": curve, "imports_seconds": imports_seconds}))
+
+
+def trl_config(params, max_steps: int, **overrides):
+    """TRL's `GRPOConfig` for the schedule and loss of params.yaml (a grpo round of `steps_per_round`
+    steps per generation batch), with TRL's default `bf16=True`; `overrides` replace any argument."""
+    from trl import GRPOConfig
+
+    cfg, update = params.rollout, params.update
+    steps = steps_per_round(params)
+    assert steps * update.minibatch_prompts == cfg.prompts_per_round and params.algorithm.preset == "grpo"
+    return GRPOConfig(**{
+        "output_dir": tempfile.mkdtemp(prefix="trl-"),
+        "per_device_train_batch_size": update.minibatch_prompts * cfg.samples_per_prompt,
+        "num_generations": cfg.samples_per_prompt, "steps_per_generation": steps, "max_steps": max_steps,
+        "max_completion_length": cfg.max_new_tokens, "temperature": cfg.temperature, "top_k": cfg.top_k,
+        "top_p": cfg.top_p, "learning_rate": update.lr, "lr_scheduler_type": "constant", "warmup_steps": 0,
+        "weight_decay": update.weight_decay, "adam_beta1": update.adam_beta1, "adam_beta2": update.adam_beta2,
+        "max_grad_norm": update.max_grad_norm, "beta": 0.04, "epsilon": 0.2, "loss_type": "grpo", "use_cpu": True,
+        "report_to": [], "save_strategy": "no", "seed": params.seed, "disable_tqdm": True, **overrides,
+    })
+
+
+def trl_reward(params):
+    """TRL's reward function: rlpipe's verifier for the task, on TRL's decoded completions."""
+    from rlpipe.rewards import VERIFIERS
+
+    verify = VERIFIERS.get(params.resolved_verifier())
+
+    def reward(completions, answer, meta, **_):
+        return [v.reward for v in verify(completions, answer, meta)]
+
+    return reward
 
 
 def time_to(curve: list[tuple[int, float, float]], target: float) -> tuple[int, float] | None:
