@@ -535,7 +535,8 @@ class ValuePretrainConfig(Section):
     own loop; then value pretraining starts from it, head kept. On addition, 3,000 steps (about 20 minutes
     on 2 cores) took the critic from 0.02 to 0.63 of its ceiling; on reasoning, 4,000 steps and then
     value pretraining of 300 steps at `value.lr` 3e-4 on 2,048 prompts took it from 0.44 to 0.71 on seed 0,
-    and to 0.55 and 0.69 on seeds 1 and 2 (README, The critic's ceiling). A `value.lr` of 1e-3 after it
+    and to 0.55 and 0.69 on seeds 1 and 2; on another CPU the three seeds gave 0.66, 0.60 and 0.73
+    (README, The critic's ceiling). A `value.lr` of 1e-3 after it
     undoes part of the check."""
     verifier_prompts: int = Field(8192, ge=1)
     """Train prompts of the verifier phase (at most the split's), each with its sum and a near miss."""
