@@ -55,6 +55,13 @@ class Evaluator:
         self.params = params
         self.prompts = read_prompts(test_path).slice(0, params.eval.max_prompts).to_pydict()
 
+    @classmethod
+    def of_prompts(cls, params: Params, prompts: dict[str, list]) -> "Evaluator":
+        """An evaluator of other prompts than the test split's (the columns `read_prompts` gives)."""
+        evaluator = cls.__new__(cls)
+        evaluator.params, evaluator.prompts = params, prompts
+        return evaluator
+
     def _generate(self, backend, samples: int, greedy: bool, stream: str, desc: str):
         cfg = self.params.rollout
         groups = generate_groups(backend, self.prompts["prompt"], self.prompts["prompt_id"],

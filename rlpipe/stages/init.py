@@ -28,6 +28,21 @@ def step_targets(count: int, fraction: float, seed: int) -> list[bool]:
     return [i in chosen for i in range(count)]
 
 
+def warm_start_check(params: Params, model, tokenizer, train: dict[str, list]):
+    """(the train rows SFT may draw, the check): `model.warm_start.check_prompts` rows (a seeded sample)
+    are left out of SFT, and the check is the model's greedy pass@1 on them, decoded and verified as
+    evaluation decodes and verifies the test split."""
+    from rlpipe.rollout.hf import HFBackend
+    from rlpipe.stages.evaluate import Evaluator
+
+    count, wanted = len(train["prompt"]), params.model.warm_start.check_prompts
+    held = sorted(random.Random(f"{params.seed}:warm_start_check").sample(range(count), min(wanted, count - 1)))
+    evaluator = Evaluator.of_prompts(params, {name: [column[i] for i in held] for name, column in train.items()})
+    held = set(held)
+    backend = HFBackend(model, tokenizer, params.rollout.batch_size)
+    return [i for i in range(count) if i not in held], lambda: evaluator.greedy_pass_at_1(backend, "warm start check")
+
+
 def init_policy(params: Params, train_path: Path, out_dir: Path, models=None) -> dict:
     """Build (and warm-start) or load the round-0 policy and write it to `out_dir`; `models` (a
     ModelStore) then holds it, for the stages that read it next."""
@@ -45,9 +60,16 @@ def init_policy(params: Params, train_path: Path, out_dir: Path, models=None) ->
         with_steps = step_targets(len(train["prompt"]), params.data.step_target_fraction, params.seed)
         targets = [target_text(a, m, params.data.task, steps)
                    for a, m, steps in zip(train["answer"], train["meta"], with_steps)]
-        losses = warm_start(model, tokenizer, train["prompt"], targets, params.model.warm_start, params.seed)
-        if losses:
-            metrics["init/sft_loss_first"], metrics["init/sft_loss_last"] = losses[0], losses[-1]
+        sft_rows, check = list(range(len(targets))), None
+        if params.model.warm_start.target_pass_at_1 is not None:
+            sft_rows, check = warm_start_check(params, model, tokenizer, train)
+        log = warm_start(model, tokenizer, [train["prompt"][i] for i in sft_rows], [targets[i] for i in sft_rows],
+                         params.model.warm_start, params.seed, check)
+        if log.losses:
+            metrics["init/sft_loss_first"], metrics["init/sft_loss_last"] = log.losses[0], log.losses[-1]
+        metrics["init/sft_steps"] = len(log.losses)
+        if log.checks:
+            metrics["init/sft_check_pass_at_1"] = log.checks[-1][1]
     else:
         model, tokenizer = load_policy(params.model.path, params.model.dtype)
     metrics["init/parameters"] = sum(p.numel() for p in model.parameters())
