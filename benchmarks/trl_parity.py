@@ -13,7 +13,13 @@ the same rows:
 - the step's gradient, rlpipe's policy loss on TRL's first-step rows (TRL's old and reference logprobs and
   advantages), against TRL's: norm ratio and cosine, for each attention kernel rlpipe may use;
 - the sampler: rlpipe's `hf` backend and `model.generate` (TRL's generation), both under bf16 autocast,
-  over the round's prompts x `--samples` samples: mean reward and mean length with standard errors.
+  over the round's prompts x `--samples` samples: mean reward and mean length with standard errors;
+- the whole round: TRL trains one round (its `steps_per_round` steps, clipping on) and each step's inputs,
+  clipped gradient and the weights after it are captured; rlpipe's `train_step` then takes the same steps
+  from the same warm start, and the two are compared step by step (gradient cosine, weight distance).
+  In fp32 and under bf16 autocast, as benchmark e configures TRL, and once with TRL's own default
+  `use_bias_correction_kl=True`, which benchmark e turns off: the KL term is then weighted by pi / pi_old,
+  a gradient that differs from the round's second step on.
 
 `python -m benchmarks.trl_parity --work DIR [--seed 0] [--samples 32]` (needs the `bench` extra).
 """
@@ -189,6 +195,88 @@ def sampler_rows(model, tokenizer, prompts, captured, samples: int, params, veri
             ["sampling, model.generate (bf16)", summary(theirs), f"{len(rows)} samples"]]
 
 
+def trl_round_steps(root: Path, params, bf16: bool, use_bias_correction_kl: bool) -> dict:
+    """One whole TRL round of benchmark e's configuration (clipping on): each step's inputs, its clipped
+    gradient and the weights after it."""
+    import pyarrow.parquet as pq
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    from benchmarks.wall_to_target import steps_per_round, trl_config, trl_reward
+    from rlpipe import paths
+
+    warm_start = root / paths.policy_dir("r0")
+    train = pq.read_table(root / paths.TRAIN).select(["prompt", "answer", "meta"]).to_pydict()
+    args = trl_config(params, max_steps=steps_per_round(params), bf16=bf16, use_bias_correction_kl=use_bias_correction_kl)
+    captured: dict = {"steps": [], "grads": [], "weights": []}
+
+    class Capturing(GRPOTrainer):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            captured["steps"].append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    class Steps(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **_):  # after clipping
+            captured["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+
+        def on_optimizer_step(self, args, state, control, model=None, **_):
+            captured["weights"].append({n: p.detach().clone() for n, p in model.named_parameters()})
+
+    tokenizer = AutoTokenizer.from_pretrained(warm_start)
+    Capturing(model=str(warm_start), reward_funcs=[trl_reward(params)], args=args, processing_class=tokenizer,
+              train_dataset=Dataset.from_dict(train), callbacks=[Steps()]).train()
+    return captured
+
+
+def whole_round_row(root: Path, params, bf16: bool, trl_default_kl: bool) -> list:
+    """rlpipe's `train_step` on each of TRL's captured step inputs in turn, from the same warm start and a
+    fresh AdamW, with TRL's attention kernel (sdpa): the lowest gradient cosine over the round's steps and
+    the weight distance after the last, against how far the weights moved."""
+    import torch
+
+    from rlpipe import artifacts, paths
+    from rlpipe.models.policy import load_policy
+    from rlpipe.train.policy import Minibatch, make_optimizer, train_step
+
+    captured = trl_round_steps(root, params, bf16, use_bias_correction_kl=trl_default_kl)
+    ours_params = params.model_copy(update={"update": params.update.model_copy(update={"bf16": bf16, "attention": "sdpa"})})
+    model, tokenizer = load_policy(root / paths.policy_dir("r0"), params.model.dtype)
+    start = torch.cat([p.detach().flatten() for p in model.parameters()]).double()
+    model.set_attn_implementation("sdpa")
+    model.train()
+    optimizer = make_optimizer(model, ours_params.update)
+    names = [n for n, _ in model.named_parameters()]
+    cosines = []
+    for k, step in enumerate(captured["steps"]):
+        prompts, completions = unpadded(step)
+
+        def per_token(values):
+            return [row[:len(c)].tolist() for row, c in zip(values, completions)]
+
+        n = len(completions)
+        columns = artifacts.Columns({
+            "group": list(range(n)), "prompt_ids": prompts, "response_ids": completions,
+            "old_logprobs": per_token(step["old_per_token_logps"]), "behaviour_logprobs": per_token(step["old_per_token_logps"]),
+            "ref_logprobs": per_token(step["ref_per_token_logps"]), "correct": [bool(a > 0) for a in step["advantages"]],
+            "advantages": [[float(a)] * len(c) for a, c in zip(step["advantages"], completions)],
+            "finish_reason": ["stop"] * n})
+        train_step(model, optimizer, Minibatch.of(columns, list(range(n))), ours_params, tokenizer.pad_token_id,
+                   f"parity step {k + 1}")
+        named = dict(model.named_parameters())
+        ours = torch.cat([named[name].grad.flatten() for name in names]).double()
+        theirs = torch.cat([captured["grads"][k][name].flatten() for name in names]).double()
+        cosines.append(torch.nn.functional.cosine_similarity(ours, theirs, dim=0).item())
+    ours = torch.cat([p.detach().flatten() for p in model.parameters()]).double()
+    theirs = torch.cat([captured["weights"][-1][name].flatten() for name in names]).double()
+    label = (f"a whole round ({len(cosines)} steps, clipping on) on TRL's step inputs, "
+             f"{'bf16 autocast' if bf16 else 'fp32'}{', TRL with its default use_bias_correction_kl' if trl_default_kl else ''}")
+    return [label, f"weights after the round differ by {(ours - theirs).norm().item():.1e} (they moved "
+                   f"{(theirs - start).norm().item():.3f})",
+            "gradient cosine per step " + " ".join(f"{c:.5f}" for c in cosines)]
+
+
 def run(work: Path, seed: int = 0, samples: int = 32) -> str:
     import torch
 
@@ -203,6 +291,8 @@ def run(work: Path, seed: int = 0, samples: int = 32) -> str:
         dvc_repro(root, "init")
     params = load_params(root / "params.yaml")
     rows = compare(root, params, trl_round_capture(root, params), samples)
+    for bf16, trl_default_kl in ((False, False), (True, False), (False, True)):
+        rows.append(whole_round_row(root, params, bf16, trl_default_kl))
     return table(f"TRL parity: one grpo round of benchmark e's configuration from seed {seed}'s warm start, "
                  f"rlpipe's code on TRL's samples", ["what", "rlpipe against TRL", "detail"], rows)
 
