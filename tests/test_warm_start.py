@@ -25,26 +25,27 @@ def params(**warm_start) -> object:
                              "rollout": {"max_new_tokens": 4}})
 
 
+def sft(p, tokenizer, check):
+    """The warm start of a fresh tiny model on 64 addition prompts, with `check` as its check."""
+    rows = addition_rows(64)
+    return warm_start(build_tiny_model(p.model.tiny, tokenizer, 0), tokenizer, rows["prompt"],
+                      [target_text(a, m, "addition", False) for a, m in zip(rows["answer"], rows["meta"])],
+                      p.model.warm_start, 0, check=check)
+
+
 def test_without_a_target_sft_runs_every_step_and_never_checks(tokenizer):
-    p, rows = params(check_every=5), addition_rows(64)
     calls = []
-    log = warm_start(build_tiny_model(p.model.tiny, tokenizer, 0), tokenizer, rows["prompt"],
-                     [target_text(a, m, "addition", False) for a, m in zip(rows["answer"], rows["meta"])],
-                     p.model.warm_start, 0, check=lambda: calls.append(1) or 1.0)
+    log = sft(params(check_every=5), tokenizer, check=lambda: calls.append(1) or 1.0)
     assert len(log.losses) == 40 and log.checks == [] and calls == []
 
 
 def test_sft_stops_at_the_first_check_that_reaches_the_target(tokenizer):
-    p, rows = params(target_pass_at_1=0.3, check_every=5), addition_rows(64)
+    p = params(target_pass_at_1=0.3, check_every=5)
     readings = iter([0.1, 0.29, 0.3, 0.9])
-    log = warm_start(build_tiny_model(p.model.tiny, tokenizer, 0), tokenizer, rows["prompt"],
-                     [target_text(a, m, "addition", False) for a, m in zip(rows["answer"], rows["meta"])],
-                     p.model.warm_start, 0, check=lambda: next(readings))
+    log = sft(p, tokenizer, check=lambda: next(readings))
     assert log.checks == [(5, 0.1), (10, 0.29), (15, 0.3)] and len(log.losses) == 15
     # never reached: `steps` is the most it runs
-    log = warm_start(build_tiny_model(p.model.tiny, tokenizer, 0), tokenizer, rows["prompt"],
-                     [target_text(a, m, "addition", False) for a, m in zip(rows["answer"], rows["meta"])],
-                     p.model.warm_start, 0, check=lambda: 0.0)
+    log = sft(p, tokenizer, check=lambda: 0.0)
     assert len(log.losses) == 40 and [s for s, _ in log.checks] == [5, 10, 15, 20, 25, 30, 35, 40]
 
 
