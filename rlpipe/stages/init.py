@@ -38,9 +38,10 @@ def warm_start_check(params: Params, model, tokenizer, train: dict[str, list]):
     count, wanted = len(train["prompt"]), params.model.warm_start.check_prompts
     held = sorted(random.Random(f"{params.seed}:warm_start_check").sample(range(count), min(wanted, count - 1)))
     evaluator = Evaluator.of_prompts(params, {name: [column[i] for i in held] for name, column in train.items()})
-    held = set(held)
     backend = HFBackend(model, tokenizer, params.rollout.batch_size)
-    return [i for i in range(count) if i not in held], lambda: evaluator.greedy_pass_at_1(backend, "warm start check")
+    held_out = set(held)
+    sft_rows = [i for i in range(count) if i not in held_out]
+    return sft_rows, lambda: evaluator.greedy_pass_at_1(backend, "warm start check")
 
 
 def init_policy(params: Params, train_path: Path, out_dir: Path, models=None) -> dict:
