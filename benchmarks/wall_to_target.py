@@ -23,7 +23,8 @@ datasets, transformers and torch. TRL's time from building its trainer on (its i
 figure this benchmark gave before 2026-12-05) is reported beside it.
 
 After every round, each side's policy is scored with rlpipe's own evaluator (greedy pass@1 on the first
-`eval.max_prompts` test prompts, the figure `dvc repro` reports); the clock is paused meanwhile. The
+`eval.max_prompts` test prompts, the figure `dvc repro` reports), TRL's weights in an fp32 copy as rlpipe's
+checkpoint is loaded (`WeightsScorer`); the clock is paused meanwhile. The
 figure is ours / TRL's wall seconds to the first round at or above the target. Target: <= 0.5x.
 Needs the `bench` extra (trl). Takes about 10 minutes on 2 cores; with `--work DIR`, each seed's result is
 kept there, and a run cut short resumes at the next seed.
@@ -90,6 +91,23 @@ class Clock:
             return fn()
         finally:
             self.paused += time.monotonic() - began
+
+
+class WeightsScorer:
+    """Greedy pass@1 of a training model's current weights, scored in a copy of the warm start loaded as
+    rlpipe loads a checkpoint (`model.dtype`), so that both sides are scored alike: under TRL's `bf16=True`,
+    accelerate wraps the training model's forward in bf16 autocast, which scoring it in place would keep
+    (greedy decoding in bf16 moved pass@1 by up to 0.006 on the rounds checked)."""
+
+    def __init__(self, evaluator, warm_start: Path):
+        from rlpipe.models.policy import load_policy
+
+        self.evaluator = evaluator
+        self.model, self.tokenizer = load_policy(warm_start, evaluator.params.model.dtype)
+
+    def __call__(self, model) -> float:
+        self.model.load_state_dict(model.state_dict())
+        return greedy_pass_at_1(self.evaluator, self.model, self.tokenizer)
 
 
 def greedy_pass_at_1(evaluator, model, tokenizer) -> float:
@@ -176,12 +194,13 @@ def trl_side(root: Path, launched_at: float, target: float, max_rounds: int) -> 
     clock = Clock(launched_at)
     import json
 
-    import pyarrow.parquet as pq
-    # trl and transformers import lazily: naming the classes the script uses runs the real imports (torch's
-    # too), before rlpipe's evaluator is built with the clock paused
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
+    # What the script imports, timed (`trl_rounds` then uses it): trl and transformers import lazily, so
+    # naming the classes runs the real imports (torch's too), before rlpipe's evaluator is built with the
+    # clock paused
+    import pyarrow.parquet  # noqa: F401
+    from datasets import Dataset  # noqa: F401
+    from transformers import AutoTokenizer, TrainerCallback  # noqa: F401
+    from trl import GRPOTrainer  # noqa: F401
 
     from rlpipe import paths
 
@@ -195,29 +214,46 @@ def trl_side(root: Path, launched_at: float, target: float, max_rounds: int) -> 
 
         torch.set_num_threads(2)
         params = load_params(root / "params.yaml")
-        return params, Evaluator(params, root / paths.TEST)
+        return params, WeightsScorer(Evaluator(params, root / paths.TEST), root / paths.policy_dir("r0"))
 
-    params, evaluator = clock.pause(scoring_tools)
+    params, scorer = clock.pause(scoring_tools)
+    curve = []
+
+    def score(k: int, model, tokenizer) -> bool:
+        seconds = clock.elapsed()
+        curve.append((k, seconds, clock.pause(lambda: scorer(model))))
+        print(f"  TRL    r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
+        return curve[-1][2] >= target
+
+    trl_rounds(root, params, max_rounds, score)
+    (root / "bench-trl.json").write_text(json.dumps({"curve": curve, "imports_seconds": imports_seconds}))
+
+
+def trl_rounds(root: Path, params, max_rounds: int, after_round, **overrides) -> None:
+    """TRL's GRPOTrainer from the project's warm start on its train split, `max_rounds` rounds of params.yaml's
+    schedule (`trl_config`; `overrides` replace its arguments). After each round, `after_round(k, model,
+    tokenizer)` is called; training stops after the round where it returns True."""
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    from rlpipe import paths
+
     warm_start = root / paths.policy_dir("r0")
     train = pq.read_table(root / paths.TRAIN).select(["prompt", "answer", "meta"]).to_pydict()
     steps = steps_per_round(params)
-    args = trl_config(params, max_steps=steps * max_rounds, logging_steps=steps)
+    args = trl_config(params, max_steps=steps * max_rounds, logging_steps=steps, **overrides)
     tokenizer = AutoTokenizer.from_pretrained(warm_start)
-    curve = []
 
-    class ScoreEachRound(TrainerCallback):
+    class EachRound(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **_):
-            if state.global_step % steps:
-                return
-            seconds, k = clock.elapsed(), state.global_step // steps
-            curve.append((k, seconds, clock.pause(lambda: greedy_pass_at_1(evaluator, model, tokenizer))))
-            print(f"  TRL    r{k}: {seconds:.0f} s, pass@1 {curve[-1][2]:.3f}", flush=True)
-            control.should_training_stop = curve[-1][2] >= target
+            if state.global_step % steps == 0:
+                control.should_training_stop = bool(after_round(state.global_step // steps, model, tokenizer))
 
     trainer = GRPOTrainer(model=str(warm_start), reward_funcs=[trl_reward(params)], args=args, processing_class=tokenizer,
-                          train_dataset=Dataset.from_dict(train), callbacks=[ScoreEachRound()])
+                          train_dataset=Dataset.from_dict(train), callbacks=[EachRound()])
     trainer.train()
-    (root / "bench-trl.json").write_text(json.dumps({"curve": curve, "imports_seconds": imports_seconds}))
 
 
 def trl_config(params, max_steps: int, **overrides):
