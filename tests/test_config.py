@@ -57,6 +57,8 @@ def test_every_shipped_params_file_validates():
         ({"rollout": {"vllm": {"swap_space": 4}}}, "rollout.vllm.swap_space"),  # gone from vLLM 0.32
         ({"rollout": {"max_new_tokens": 64, "vllm": {"max_model_len": 64}}}, "rollout.vllm.max_model_len"),
         ({"rollout": {"backend": "vllm", "bf16": True}}, "rollout.bf16"),
+        ({"algorithm": {"preset": "dapo"}, "update": {"minibatch_mix": "rows"}}, "update.minibatch_mix"),
+        ({"update": {"minibatch_mix": "prompts"}}, "update.minibatch_mix"),
     ],
 )
 def test_bad_params_name_the_key(patch, key):

@@ -48,8 +48,9 @@ class LossCounts:
 def count_minibatch(mask: torch.Tensor, group_index: torch.Tensor, correct: torch.Tensor | None = None) -> LossCounts:
     """LossCounts of (B, T) `mask` with (B,) group ids and (B,) correct flags (None = none correct).
 
-    Groups are counted by distinct id, so a group must lie whole in the rows given: deal groups to ranks
-    whole and the per-rank counts add up to the minibatch's."""
+    Groups are counted by distinct id, so `groups` is right only where a group lies whole in the rows
+    given: deal groups to ranks whole and the per-rank counts add up to the minibatch's (`group-token-mean`,
+    its one user, is refused with `update.minibatch_mix: rows`)."""
     lengths = mask.sum(dim=1)
     present = lengths > 0
     correct_tokens = float(lengths[correct.bool()].sum()) if correct is not None else 0.0

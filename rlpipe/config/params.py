@@ -83,6 +83,11 @@ class Params(Section):
                                                               f"sums: data.source 'synthetic' with data.task "
                                                               f"'addition' or 'reasoning' only (got "
                                                               f"{self.data.source!r}, {self.data.task!r}); set it to 0")
+        if self.update.minibatch_mix == "rows" and algo.loss_agg == "group-token-mean":
+            raise KeyedError("update.minibatch_mix", f"'rows' splits groups across steps, and loss_agg "
+                                                     f"'group-token-mean' (preset {self.algorithm.preset!r}) "
+                                                     f"weighs each group by its whole token count: use 'groups', "
+                                                     f"or set algorithm.loss_agg")
         if self.resolved_verifier() == "chain_steps" and self.data.task != "chain":
             raise KeyedError("reward.verifier", "'chain_steps' needs data.task 'chain'")
         if self.model.lora.rank > 0 and self.update.strategy == "fsdp2":

@@ -458,7 +458,13 @@ class UpdateConfig(Section):
     epochs: int = Field(1, ge=1)
     """Passes over the round's batch (verl: ppo_epochs)."""
     minibatch_prompts: int = Field(64, ge=1)
-    """Prompts (whole groups) per optimizer step (verl: ppo_mini_batch_size)."""
+    """Prompts per optimizer step (verl: ppo_mini_batch_size): a round of P kept prompts takes
+    ceil(P / minibatch_prompts) steps per epoch, whose rows `minibatch_mix` chooses."""
+    minibatch_mix: Literal["groups", "rows"] = "groups"
+    """What a step holds: `groups`, whole groups (all samples of minibatch_prompts prompts; verl);
+    `rows`, the round's rows shuffled across prompts and dealt to the same number of steps (TRL,
+    OpenRLHF), so that a step sees most of the round's prompts, one or two samples each. Advantages are
+    computed over whole groups before either (the advantage stage)."""
     micro_batch_tokens: int = Field(16384, ge=1)
     """Token budget of one forward/backward; gradients accumulate exactly over micro-batches."""
     max_grad_norm: float = Field(1.0, gt=0)
@@ -470,10 +476,10 @@ class UpdateConfig(Section):
     adam_beta2: float = Field(0.999, ge=0, lt=1)
     """AdamW beta2 of the policy."""
     shuffle: bool = True
-    """Shuffle groups into minibatches (seeded)."""
+    """Shuffle groups (or rows, under minibatch_mix rows) into minibatches (seeded)."""
     nproc: int = Field(1, ge=1)
-    """Processes of the update under torchrun (gloo on CPU, nccl on GPU), on each node; groups are dealt
-    to ranks whole."""
+    """Processes of the update under torchrun (gloo on CPU, nccl on GPU), on each node; a step's groups
+    (or rows, under minibatch_mix rows) are dealt to ranks whole."""
     nnodes: int = Field(1, ge=1)
     """Machines of the update, each running update.nproc processes (nnodes * nproc ranks). Node 0 is the
     machine that runs `dvc repro`; each other node runs `rlpipe update-node --round rK --node-rank K` for

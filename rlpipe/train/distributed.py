@@ -1,6 +1,7 @@
 """Multi-process updates under `torchrun`: gloo on CPU, nccl on GPU; DDP or FSDP2.
 
-A minibatch's groups are dealt to the ranks whole (group-token-mean needs each group on one rank), the
+A minibatch's groups (or its rows, under `update.minibatch_mix: rows`) are dealt to the ranks whole
+(group-token-mean needs each group on one rank, and refuses `rows`), the
 loss counts are all-reduced so that every rank weighs its tokens by the GLOBAL token, sequence and
 group counts, and each rank's loss is scaled by the world size because DDP averages gradients across
 ranks: the summed gradient is then exactly the single-process gradient of the whole minibatch.
@@ -60,7 +61,7 @@ class World:
         return -int(both[0]), int(both[1])
 
     def shard(self, items: list) -> list:
-        """This rank's share of a list of whole groups (round-robin)."""
+        """This rank's share of a step's units, whole groups or rows (round-robin)."""
         return items[self.rank :: self.size]
 
     def barrier(self) -> None:

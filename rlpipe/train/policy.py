@@ -1,7 +1,8 @@
 """The policy update: PPO-style optimisation over one round's batch.
 
 The kept groups are shuffled into minibatches of `update.minibatch_prompts` groups (one optimizer step
-each, verl's ppo_mini_batch), for `update.epochs` passes. A minibatch's loss weights come from the whole
+each, verl's ppo_mini_batch), for `update.epochs` passes; under `update.minibatch_mix: rows` the round's
+rows are dealt across as many steps instead (TRL's, OpenRLHF's), see `step_units`. A minibatch's loss weights come from the whole
 minibatch's counts, then it is split into micro-batches by token budget, and gradients accumulate
 exactly (the step itself is `rlpipe.train.loop.optimizer_step`). AdamW, gradient clipping, and the
 optimizer state saved beside the checkpoint, so that the next round continues it. A non-finite loss or
@@ -16,6 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -210,10 +212,28 @@ def rollout_correction_summary(params: Params, columns: artifacts.Columns, rows:
     return {f"rollout_correction_{k}": v for k, v in stats.items()}
 
 
+def step_units(rows_of: dict[int, list[int]], cfg: UpdateConfig, rng: random.Random) -> Iterator[list[list[int]]]:
+    """Each optimizer step's rows, in the units that are dealt to ranks: whole groups, or under
+    `minibatch_mix: rows` single rows. Rows: per epoch the round's rows are shuffled and cut into as many
+    steps as groups would make, each step's rows then put back in table order, so that a prompt's rows in
+    the step sit together (the update computes a shared prompt once, `repeated_prefix_cache`)."""
+    if cfg.minibatch_mix == "groups":
+        for groups in minibatches(list(rows_of), cfg.minibatch_prompts, cfg.epochs, cfg.shuffle, rng):
+            yield [rows_of[g] for g in groups]
+        return
+    steps = -(-len(rows_of) // cfg.minibatch_prompts)
+    for _ in range(cfg.epochs):
+        order = [row for group_rows in rows_of.values() for row in group_rows]
+        if cfg.shuffle:
+            rng.shuffle(order)
+        for k in range(steps):
+            yield [[row] for row in sorted(order[k * len(order) // steps : (k + 1) * len(order) // steps])]
+
+
 def train_policy(model, optimizer, pad_id: int, columns: artifacts.Columns, rows: list[int], params: Params,
                  round_name: str, global_step: int, tracker=None, world: World = World()) -> list[dict]:
-    """The round's optimizer steps over its kept rows (whole groups per minibatch, this rank's share of
-    each); returns each step's metrics, numbered on from `global_step`."""
+    """The round's optimizer steps over its kept rows (`step_units`, this rank's share of each); returns
+    each step's metrics, numbered on from `global_step`."""
     rows_of: dict[int, list[int]] = {}
     for i in rows:
         rows_of.setdefault(columns["group"][i], []).append(i)
@@ -223,11 +243,11 @@ def train_policy(model, optimizer, pad_id: int, columns: artifacts.Columns, rows
     model.train()
     with progress(total=n_steps, desc=f"update {round_name}", unit="step") as bar:
         rng = random.Random(f"{params.seed}:update:{round_name}")
-        for mb_groups in minibatches(list(rows_of), cfg.minibatch_prompts, cfg.epochs, cfg.shuffle, rng):
+        for units in step_units(rows_of, cfg, rng):
             global_step += 1
             lr = learning_rate(cfg.lr_schedule, global_step, schedule)
             set_lr(optimizer, lr)
-            mine = [row for g in world.shard(mb_groups) for row in rows_of[g]]
+            mine = [row for unit in world.shard(units) for row in unit]
             metrics = {"lr": lr, **train_step(model, optimizer, Minibatch.of(columns, mine) if mine else None, params,
                                               pad_id, f"update@{round_name} step {global_step}", world)}
             steps.append({"step": global_step, **metrics})
