@@ -11,7 +11,9 @@ With the warm worker, the stage process is a thin client. The first stage of an 
 params.yaml itself (so a bad file fails before a worker starts), starts the worker and hands it the
 stage. Every later stage only imports the standard library and this package's light modules (no
 pydantic, no torch: 0.05 s instead of 0.25 s): it hands its stage to the running worker, which does the
-checks, the work and the tracking, and answers with the metrics or the error.
+checks, the work and the tracking, and answers with the metrics or the error. A stage that the params
+leave with nothing to load (`StageSpec.skips_worker`: value_pretrain of a critic-free preset) runs in its
+own process instead, at once, rather than wait for the worker's imports.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def execute(name: str, params: Params, round_name: str | None = None, tracker: S
         from rlpipe.tracking.client import StageTracker
 
         tracker = StageTracker(params, f"{name}@{round_name}" if round_name else name, round_name)
-    if models is None and STAGES[name].uses_models:
+    if models is None and STAGES[name].loads_models(params):
         from rlpipe.models.store import ModelStore
 
         models = ModelStore()
@@ -140,7 +142,9 @@ def run_stage(name: str) -> None:
     round_name = getattr(args, "round", None)
     label = f"{name}@{round_name}" if round_name else name
     try:
-        metrics = in_running_worker(name, round_name)
+        metrics = here_without_worker(name, round_name)
+        if metrics is None:
+            metrics = in_running_worker(name, round_name)
         if metrics is None:
             metrics = here_or_in_new_worker(name, round_name)
     except PipelineError as err:
@@ -150,6 +154,17 @@ def run_stage(name: str) -> None:
     atomic_write_text(paths.stage_metrics_path(name, round_name), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if "torch" in sys.modules:
         exit_without_teardown()
+
+
+def here_without_worker(name: str, round_name: str | None) -> dict | None:
+    """A stage that this configuration leaves with no model to load (`StageSpec.skips_worker`) runs here at
+    once, while the warm worker may still be importing torch; its metrics, or None for every other stage."""
+    if STAGES[name].skips_worker is None:
+        return None
+    params = checked_params(name, round_name)
+    if not STAGES[name].skips_worker(params):
+        return None
+    return tracked(name, params, round_name, lambda tracker: execute(name, params, round_name, tracker))
 
 
 def in_running_worker(name: str, round_name: str | None) -> dict | None:

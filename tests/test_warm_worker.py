@@ -74,6 +74,10 @@ def test_the_mini_run_used_the_worker_and_its_models(mini_run):
     assert rollout["stage/worker_loads"] == 0 and rollout["stage/worker_reused"] == 1  # policy r1, as written
     assert update["stage/worker_loads"] == 0  # policy r1 and its optimizer, as written
     assert rollout["stage/import_seconds"] < 0.5  # torch was imported once, by the worker
+    # value_pretrain of grpo (critic-free) wrote its marker in its own process, not queued behind the
+    # worker's imports: its metrics carry no worker counts
+    value_pretrain = json.loads((root / "runs/stage_metrics/value_pretrain.json").read_text())
+    assert "stage/worker_loads" not in value_pretrain and value_pretrain["value/critic"] == 0
 
 
 def test_a_checkpoint_changed_on_disk_is_loaded_again(project_copy):

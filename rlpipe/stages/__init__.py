@@ -28,6 +28,13 @@ class StageSpec:
     """One instance per round (rollout@rK ...), run with the round's name as argument."""
     uses_models: bool
     """Gets its models through `ctx.models` (`rlpipe.models.store`), which is then one of its code deps."""
+    skips_worker: Callable[["Params"], bool] | None = None
+    """True for a configuration in which the stage loads no model and does next to nothing (value_pretrain
+    of a critic-free preset writes a marker): it then runs at once in its own process, which imports no
+    torch, instead of queueing behind the warm worker's imports on the way to round 1."""
+
+    def loads_models(self, params: "Params") -> bool:
+        return self.uses_models and not (self.skips_worker is not None and self.skips_worker(params))
 
     @property
     def function(self) -> Callable:
@@ -37,7 +44,8 @@ class StageSpec:
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     StageSpec("prepare", per_round=False, uses_models=False),
     StageSpec("init", per_round=False, uses_models=True),
-    StageSpec("value_pretrain", per_round=False, uses_models=True),
+    StageSpec("value_pretrain", per_round=False, uses_models=True,
+              skips_worker=lambda params: not params.algorithm.resolve().needs_critic),
     StageSpec("rollout", per_round=True, uses_models=True),
     StageSpec("reward", per_round=True, uses_models=False),
     StageSpec("advantage", per_round=True, uses_models=True),
