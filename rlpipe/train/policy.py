@@ -2,11 +2,11 @@
 
 The kept groups are shuffled into minibatches of `update.minibatch_prompts` groups (one optimizer step
 each, verl's ppo_mini_batch), for `update.epochs` passes; under `update.minibatch_mix: rows` the round's
-rows are dealt across as many steps instead (TRL's, OpenRLHF's), see `step_units`. A minibatch's loss weights come from the whole
-minibatch's counts, then it is split into micro-batches by token budget, and gradients accumulate
-exactly (the step itself is `rlpipe.train.loop.optimizer_step`). AdamW, gradient clipping, and the
-optimizer state saved beside the checkpoint, so that the next round continues it. A non-finite loss or
-gradient stops the stage, naming the micro-batch, before any checkpoint is written.
+rows are dealt across as many steps instead (TRL's, OpenRLHF's; `step_units`). A minibatch's loss
+weights come from the whole minibatch's counts, then it is split into micro-batches by token budget, and
+gradients accumulate exactly (the step itself is `rlpipe.train.loop.optimizer_step`). AdamW, gradient
+clipping, and the optimizer state saved beside the checkpoint, so that the next round continues it. A
+non-finite loss or gradient stops the stage, naming the micro-batch, before any checkpoint is written.
 """
 
 from __future__ import annotations
@@ -212,6 +212,11 @@ def rollout_correction_summary(params: Params, columns: artifacts.Columns, rows:
     return {f"rollout_correction_{k}": v for k, v in stats.items()}
 
 
+def steps_per_epoch(groups: int, cfg: UpdateConfig) -> int:
+    """Optimizer steps per pass over a round of `groups` kept prompts, whichever `minibatch_mix`."""
+    return -(-groups // cfg.minibatch_prompts)
+
+
 def step_units(rows_of: dict[int, list[int]], cfg: UpdateConfig, rng: random.Random) -> Iterator[list[list[int]]]:
     """Each optimizer step's rows, in the units that are dealt to ranks: whole groups, or under
     `minibatch_mix: rows` single rows. Rows: per epoch the round's rows are shuffled and cut into as many
@@ -221,7 +226,7 @@ def step_units(rows_of: dict[int, list[int]], cfg: UpdateConfig, rng: random.Ran
         for groups in minibatches(list(rows_of), cfg.minibatch_prompts, cfg.epochs, cfg.shuffle, rng):
             yield [rows_of[g] for g in groups]
         return
-    steps = -(-len(rows_of) // cfg.minibatch_prompts)
+    steps = steps_per_epoch(len(rows_of), cfg)
     for _ in range(cfg.epochs):
         order = [row for group_rows in rows_of.values() for row in group_rows]
         if cfg.shuffle:
@@ -239,7 +244,7 @@ def train_policy(model, optimizer, pad_id: int, columns: artifacts.Columns, rows
         rows_of.setdefault(columns["group"][i], []).append(i)
     cfg, steps = params.update, []
     schedule = Schedule(cfg.lr, cfg.warmup_steps, cfg.lr_decay_steps, cfg.min_lr_ratio)
-    n_steps = cfg.epochs * -(-len(rows_of) // cfg.minibatch_prompts)
+    n_steps = cfg.epochs * steps_per_epoch(len(rows_of), cfg)
     model.train()
     with progress(total=n_steps, desc=f"update {round_name}", unit="step") as bar:
         rng = random.Random(f"{params.seed}:update:{round_name}")
