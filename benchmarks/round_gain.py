@@ -14,12 +14,13 @@ batches, for at most `--rounds` rounds, stopping at `--target`:
   scored in an fp32 copy, as benchmark e scores them (`WeightsScorer`).
 
 Both are scored after each round by rlpipe's evaluator (greedy pass@1 on the test prompts). The report per
-side: pass@1 after each round, mean and standard error over the draws that reached that round; the draws'
-rounds to the target; and the difference of the round-1 means with its standard error.
+side: pass@1 after each round, mean and standard error over all draws (a draw that stopped at the target
+counts with its last value); the draws' rounds to the target; and the difference of the round-1 means
+with its standard error.
 
 `python -m benchmarks.round_gain --work DIR [--seed 0] [--draws 6] [--rounds 4] [--target 0.6] [--set
 SECTION.KEY=VALUE ...]` (`--set`: rlpipe's side only, e.g. `update.minibatch_mix=rows`); each
-draw's curve is kept in DIR, so a run cut short resumes at the next draw. Needs the `bench` extra (trl).
+draw's curve is kept in the seed's project, DIR/seedS, so a run cut short resumes at the next draw. Needs the `bench` extra (trl).
 """
 
 from __future__ import annotations
