@@ -10,7 +10,8 @@ every variant of one prompt count fits the same responses), then runs `pretrain_
 variant's changes and prints the held-out explained variance every 5 steps and, at the end, the EV on
 its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
 `head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
-`prompts`, `backbone` (the critic's starting model, as `value.model.path`; default the init policy).
+`prompts`, `schedule` (`value.pretrain.lr_schedule`), `backbone` (the critic's starting model, as
+`value.model.path`; default the init policy).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
@@ -50,7 +51,8 @@ def main(out: Path, variant: dict) -> None:
     params = load_params()
     pretrain = params.value.pretrain.model_copy(update={"max_steps": variant.get("steps", params.value.pretrain.max_steps),
                                                         "prompts": variant.get("prompts", params.value.pretrain.prompts),
-                                                        "min_explained_variance": 1.0})
+                                                        "min_explained_variance": 1.0,
+                                                        "lr_schedule": variant.get("schedule", params.value.pretrain.lr_schedule)})
     params = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": variant.get("lr", params.value.lr), "pretrain": pretrain})})
     out.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -63,3 +64,31 @@ def test_value_pretraining_learns_what_the_state_shows_and_no_more(tokenizer, ti
     values = predict(critic, targets, params, tokenizer.pad_token_id)
     assert explained_variance(values, returns, mask) == metrics["value/explained_variance"]
     assert torch.allclose(values[:, 0], values[0, 0].expand(len(rows)))
+
+
+def test_cosine_value_pretraining_walks_its_rate_down_to_near_zero(tokenizer, tiny_model_dir, tmp_path, monkeypatch):
+    """`value.pretrain.lr_schedule: cosine`: step k runs at value.lr (1 + cos(pi k / max_steps)) / 2, so the
+    first step has the whole rate and the last one a sliver of it; `constant` keeps value.lr."""
+    import math
+
+    import rlpipe.train.critic as critic_training
+
+    digit = {d: tokenizer.convert_tokens_to_ids(d) for d in "0123456789"}
+    prompt = tokenizer.encode("12+34=", add_special_tokens=True)
+    response_ids = [[digit[d], tokenizer.eos_token_id] for d in "73" * 16]
+    rewards = torch.tensor([float(r[0] == digit["7"]) for r in response_ids])
+    groups = [i // 4 for i in range(len(response_ids))]
+    real_step = critic_training.value_step
+    for schedule in ("constant", "cosine"):
+        params = mini_params(max_steps=4, min_explained_variance=1.0, lr_schedule=schedule)
+        seen: list[float] = []
+
+        def recording_step(critic, optimizer, *args, **kwargs):
+            seen.append(optimizer.param_groups[0]["lr"])
+            return real_step(critic, optimizer, *args, **kwargs)
+
+        monkeypatch.setattr(critic_training, "value_step", recording_step)
+        pretrain_critic(params, [prompt] * len(response_ids), response_ids, rewards, groups, tiny_model_dir,
+                        tmp_path / schedule)
+        expected = [1e-3] * 4 if schedule == "constant" else [1e-3 * (1 + math.cos(math.pi * k / 4)) / 2 for k in range(4)]
+        assert seen == pytest.approx(expected, rel=1e-12), schedule

@@ -560,6 +560,11 @@ class ValuePretrainConfig(Section):
     """Train prompts of the verifier phase (at most the split's), each with its sum and a near miss."""
     verifier_lr: float = Field(0.001, gt=0)
     """Learning rate of the verifier phase, backbone and head."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """Value pretraining's learning rate over its `max_steps`: `constant` (`value.lr` throughout) or
+    `cosine` (value.lr (1 + cos(pi k / max_steps)) / 2 at step k = 0, 1, ...: down towards 0 at the
+    last step, so the critic it writes is not one noisy step of a constant-rate walk). The verifier
+    phase keeps its constant `verifier_lr`."""
 
 
 class OracleEVConfig(Section):

@@ -4,7 +4,7 @@ Value pretraining (`pretrain_critic`) fits a fresh value head on the policy's ba
 `value.model.path`) to Monte-Carlo returns (lambda = 1) of responses sampled from the init policy: G_t =
 gamma^(T_b - 1 - t) r_b. A quarter of the prompts is held out; training stops when the held-out
 explained variance reaches `value.pretrain.min_explained_variance`, or after `value.pretrain.max_steps`
-steps. The per-round update (`update_critic`) fits V to the batch's returns with the clipped value loss
+steps, at `value.lr` or down a cosine over those steps (`value.pretrain.lr_schedule`). The per-round update (`update_critic`) fits V to the batch's returns with the clipped value loss
 0.5 max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2), token-mean over the kept tokens, with its
 own lr, epochs and clip range; its optimizer state is saved beside the critic and carried across rounds.
 Under torchrun it runs on every rank like the policy update: each minibatch's groups are dealt to the
@@ -31,6 +31,7 @@ from rlpipe.models.sequences import pack, pad_ragged, token_budget_chunks
 from rlpipe.progress import progress
 from rlpipe.train.distributed import World, unwrap, wrap_model
 from rlpipe.train.loop import make_adamw, minibatches, optimizer_step, saved_optimizer, set_lr, step_means
+from rlpipe.train.schedule import Schedule, learning_rate
 
 EVAL_EVERY = 5
 
@@ -199,8 +200,12 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     # the loop stops only right after an evaluation (ev changes nowhere else), so `values` are the final
     # critic's held-out predictions, for the metrics and the oracle alike; None if no step ran
     ev, step, history, values = float("-inf"), 0, [], None
+    peak_lrs = [group["lr"] for group in optimizer.param_groups]
     with progress(total=cfg.max_steps, desc="value pretrain", unit="step") as bar:
         while step < cfg.max_steps:
+            decay = learning_rate(cfg.lr_schedule, step, Schedule(1.0, 0, cfg.max_steps, 0.0))
+            for group, peak in zip(optimizer.param_groups, peak_lrs):
+                group["lr"] = peak * decay
             critic.train()
             stats = value_step(critic, optimizer, targets.rows(rng.sample(train_idx, min(batch_rows, len(train_idx)))),
                                params, tokenizer.pad_token_id, f"value_pretrain step {step}")
@@ -295,7 +300,8 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
     cfg = params.value.pretrain
     phase = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": cfg.verifier_lr,
-        "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0})})})
+        "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0,
+                                           "lr_schedule": "constant"})})})
     prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
     # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
     # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
