@@ -561,10 +561,9 @@ class ValuePretrainConfig(Section):
     verifier_lr: float = Field(0.001, gt=0)
     """Learning rate of the verifier phase, backbone and head."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    """Value pretraining's learning rate over its `max_steps`: `constant` (`value.lr` throughout) or
-    `cosine` (value.lr (1 + cos(pi k / max_steps)) / 2 at step k = 0, 1, ...: down towards 0 at the
-    last step, so the critic it writes is not one noisy step of a constant-rate walk). The verifier
-    phase keeps its constant `verifier_lr`."""
+    """The learning rate of value pretraining, and of the verifier phase, each over its own steps:
+    `constant` (`value.lr`, `verifier_lr`) or `cosine` (at step k of n, lr (1 + cos(pi k / n)) / 2: down
+    towards 0 at the last step, so that the critic written is not one noisy step of a constant-rate walk)."""
 
 
 class OracleEVConfig(Section):
