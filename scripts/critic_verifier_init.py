@@ -11,7 +11,7 @@ is the sum written so far right? The policy's own samples teach it badly: 14% of
 followed by eos, reward 1 for the right one. They go through value pretraining's own loop
 (`pretrain_critic`: Monte-Carlo returns, a quarter of the prompts held out), starting from the init
 policy, so that OUT/verifier is a critic checkpoint whose head already answers "is this sum right" at
-the state before eos (`"schedule": "cosine"` runs it with `value.pretrain.lr_schedule: cosine`).
+the state before eos (`"schedule": "cosine"` runs it with `value.pretrain.verifier_lr_schedule: cosine`).
 `critic_pretrain_variants.py` with that directory as `backbone` then runs the
 usual value pretraining from it (the head is kept: the checkpoint's config already has one output) and
 prints the held-out EV to set against the ceiling. Nothing under runs/ changes. The phase is the
@@ -39,7 +39,7 @@ def main(out: Path, variant: dict) -> None:
     # the phase's defaults are value.pretrain's own; only its step count (0 there: off) needs one here
     given = {f"verifier_{key}": variant[key] for key in ("prompts", "lr") if key in variant}
     if "schedule" in variant:
-        given["lr_schedule"] = variant["schedule"]
+        given["verifier_lr_schedule"] = variant["schedule"]
     pretrain = params.value.pretrain.model_copy(update={"verifier_steps": variant.get("steps", 600), **given})
     params = params.model_copy(update={"value": params.value.model_copy(update={"pretrain": pretrain})})
     torch.manual_seed(params.seed)

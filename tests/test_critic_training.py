@@ -92,3 +92,23 @@ def test_cosine_value_pretraining_walks_its_rate_down_to_near_zero(tokenizer, ti
                         tmp_path / schedule)
         expected = [1e-3] * 4 if schedule == "constant" else [1e-3 * (1 + math.cos(math.pi * k / 4)) / 2 for k in range(4)]
         assert seen == pytest.approx(expected, rel=1e-12), schedule
+
+
+def test_the_verifier_phase_runs_on_its_own_rate_and_schedule(tiny_model_dir, tmp_path, monkeypatch):
+    """The phase is value pretraining's loop with `verifier_lr`, `verifier_steps` and `verifier_lr_schedule`
+    in place of value pretraining's own; early stopping off."""
+    import rlpipe.train.critic as critic_training
+
+    seen = {}
+
+    def capture(phase, *args, **kwargs):
+        seen["value"] = phase.value
+        return {"value/explained_variance": 0.0, "value/pretrain_steps": phase.value.pretrain.max_steps}
+
+    monkeypatch.setattr(critic_training, "pretrain_critic", capture)
+    monkeypatch.setattr(critic_training, "verifier_rows", lambda *args: ([[1]], [[2]], [1.0], [0]))
+    params = mini_params(max_steps=5, lr_schedule="constant", verifier_steps=7, verifier_lr=0.01,
+                         verifier_lr_schedule="cosine")
+    critic_training.pretrain_verifier(params, tiny_model_dir, tmp_path / "train.parquet", tmp_path / "verifier")
+    assert (seen["value"].lr, seen["value"].pretrain.max_steps) == (0.01, 7)
+    assert (seen["value"].pretrain.lr_schedule, seen["value"].pretrain.min_explained_variance) == ("cosine", 1.0)

@@ -4,13 +4,14 @@ Value pretraining (`pretrain_critic`) fits a fresh value head on the policy's ba
 `value.model.path`) to Monte-Carlo returns (lambda = 1) of responses sampled from the init policy: G_t =
 gamma^(T_b - 1 - t) r_b. A quarter of the prompts is held out; training stops when the held-out
 explained variance reaches `value.pretrain.min_explained_variance`, or after `value.pretrain.max_steps`
-steps, at `value.lr` or down a cosine over those steps (`value.pretrain.lr_schedule`, which the verifier
-phase follows over its own steps). The per-round update (`update_critic`) fits V to the batch's returns with the clipped value loss
-0.5 max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2), token-mean over the kept tokens, with its
-own lr, epochs and clip range; its optimizer state is saved beside the critic and carried across rounds.
-Under torchrun it runs on every rank like the policy update: each minibatch's groups are dealt to the
-ranks, the token count is all-reduced so the token-mean is over the whole minibatch, and each rank's loss
-is scaled by the world size against DDP's gradient mean; rank 0 writes the critic.
+steps, at `value.lr` or down a cosine over those steps (`value.pretrain.lr_schedule`; the verifier phase
+has its own, `verifier_lr_schedule`). The per-round update (`update_critic`) fits V to the batch's
+returns with the clipped value loss 0.5 max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2),
+token-mean over the kept tokens, with its own lr, epochs and clip range; its optimizer state is saved
+beside the critic and carried across rounds. Under torchrun it runs on every rank like the policy
+update: each minibatch's groups are dealt to the ranks, the token count is all-reduced so the token-mean
+is over the whole minibatch, and each rank's loss is scaled by the world size against DDP's gradient
+mean; rank 0 writes the critic.
 """
 
 from __future__ import annotations
@@ -301,7 +302,8 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
     cfg = params.value.pretrain
     phase = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": cfg.verifier_lr,
-        "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0})})})
+        "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0,
+                                           "lr_schedule": cfg.verifier_lr_schedule})})})
     prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
     # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
     # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
