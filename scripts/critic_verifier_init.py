@@ -12,9 +12,9 @@ followed by eos, reward 1 for the right one. They go through value pretraining's
 (`pretrain_critic`: Monte-Carlo returns, a quarter of the prompts held out), starting from the init
 policy, so that OUT/verifier is a critic checkpoint whose head already answers "is this sum right" at
 the state before eos (`"schedule": "cosine"` runs it with `value.pretrain.verifier_lr_schedule: cosine`).
-`critic_pretrain_variants.py` with that directory as `backbone` then runs the
-usual value pretraining from it (the head is kept: the checkpoint's config already has one output) and
-prints the held-out EV to set against the ceiling. Nothing under runs/ changes. The phase is the
+`critic_pretrain_variants.py` with that directory as `backbone` then runs the usual value pretraining
+from it (the head is kept: the checkpoint's config already has one output) and prints the held-out EV to
+set against the ceiling. Nothing under runs/ changes. The phase is the
 library's `rlpipe.train.critic.pretrain_verifier`, which `value.pretrain.verifier_steps` runs in the
 pipeline.
 """

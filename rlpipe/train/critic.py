@@ -202,7 +202,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     # the loop stops only right after an evaluation (ev changes nowhere else), so `values` are the final
     # critic's held-out predictions, for the metrics and the oracle alike; None if no step ran
     ev, step, history, values = float("-inf"), 0, [], None
-    peak_lrs = [group["lr"] for group in optimizer.param_groups]
+    peak_lrs = [group["lr"] for group in optimizer.param_groups]  # the schedule scales each group's own rate
     with progress(total=cfg.max_steps, desc="value pretrain", unit="step") as bar:
         while step < cfg.max_steps:
             decay = learning_rate(cfg.lr_schedule, step, Schedule(1.0, 0, cfg.max_steps, 0.0))
