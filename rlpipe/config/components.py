@@ -24,6 +24,7 @@ LossAggName = Literal[
 ]
 PolicyLossName = Literal["ppo_clip", "gspo", "cispo"]
 LRScheduleName = Literal["constant", "linear_warmup", "cosine"]
+PretrainLRScheduleName = Literal["constant", "cosine"]  # a pretraining phase has no warmup
 RolloutCorrectionName = Literal["none", "tis", "mis"]
 RolloutBackendName = Literal["hf", "vllm"]
 VerifierName = Literal["exact_match", "chain_steps", "marked_answer", "math"]

@@ -14,7 +14,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, LRScheduleName,
-                                      PolicyLossName, PresetName, RolloutCorrectionName,
+                                      PolicyLossName, PretrainLRScheduleName, PresetName, RolloutCorrectionName,
                                       RolloutBackendName, TaskName, VerifierName)
 
 
@@ -560,9 +560,9 @@ class ValuePretrainConfig(Section):
     """Train prompts of the verifier phase (at most the split's), each with its sum and a near miss."""
     verifier_lr: float = Field(0.001, gt=0)
     """Learning rate of the verifier phase, backbone and head."""
-    verifier_lr_schedule: Literal["constant", "cosine"] = "constant"
+    verifier_lr_schedule: PretrainLRScheduleName = "constant"
     """The verifier phase's learning rate over its steps, as `lr_schedule` (from `verifier_lr`)."""
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: PretrainLRScheduleName = "constant"
     """Value pretraining's learning rate over its `max_steps`: `constant` (`value.lr`) or `cosine` (at step
     k of n, value.lr (1 + cos(pi k / n)) / 2: down towards 0 at the last step, so that the critic written
     is not one noisy step of a constant-rate walk). On the reasoning task (one seed, after the verifier
