@@ -10,8 +10,8 @@ every variant of one prompt count fits the same responses), then runs `pretrain_
 variant's changes and prints the held-out explained variance every 5 steps and, at the end, the EV on
 its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
 `head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
-`prompts`, `schedule` (`value.pretrain.lr_schedule`), `backbone` (the critic's starting model, as
-`value.model.path`; default the init policy).
+`prompts`, `schedule` (`value.pretrain.lr_schedule`), `average_from` (`value.pretrain.average_from`),
+`backbone` (the critic's starting model, as `value.model.path`; default the init policy).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
@@ -52,7 +52,8 @@ def main(out: Path, variant: dict) -> None:
     pretrain = params.value.pretrain.model_copy(update={"max_steps": variant.get("steps", params.value.pretrain.max_steps),
                                                         "prompts": variant.get("prompts", params.value.pretrain.prompts),
                                                         "min_explained_variance": 1.0,
-                                                        "lr_schedule": variant.get("schedule", params.value.pretrain.lr_schedule)})
+                                                        "lr_schedule": variant.get("schedule", params.value.pretrain.lr_schedule),
+                                                        "average_from": variant.get("average_from", params.value.pretrain.average_from)})
     params = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": variant.get("lr", params.value.lr), "pretrain": pretrain})})
     out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +90,9 @@ def main(out: Path, variant: dict) -> None:
                                               Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir)
     print(f"{json.dumps(variant)}: held-out EV {metrics['value/explained_variance']:.4f} after {metrics['value/pretrain_steps']} "
           f"steps ({time.perf_counter() - started:.0f} s); every 5 steps {curve}", flush=True)
+    if "value/averaged_steps" in metrics:
+        print(f"that is the mean of its last {metrics['value/averaged_steps']} steps' weights; the last step's own: "
+              f"{metrics['value/explained_variance_last_step']:.4f}", flush=True)
 
     critic, tokenizer = load_critic(critic_dir)
     mask = pad_ragged(response_ids, 0, torch.long)[1]

@@ -112,3 +112,58 @@ def test_the_verifier_phase_runs_on_its_own_rate_and_schedule(tiny_model_dir, tm
     critic_training.pretrain_verifier(params, tiny_model_dir, tmp_path / "train.parquet", tmp_path / "verifier")
     assert (seen["value"].lr, seen["value"].pretrain.max_steps) == (0.01, 7)
     assert (seen["value"].pretrain.lr_schedule, seen["value"].pretrain.min_explained_variance) == ("cosine", 1.0)
+    assert seen["value"].pretrain.average_from is None  # the phase writes its last step's weights
+
+
+def test_weight_average_is_the_mean_of_the_states_it_was_given():
+    from rlpipe.train.loop import WeightAverage
+
+    model, states = torch.nn.Linear(3, 2), []
+    average = WeightAverage()
+    for k in range(3):
+        with torch.no_grad():
+            model.weight.copy_(torch.randn(2, 3) * (k + 1))
+            model.bias.copy_(torch.randn(2))
+        states.append({name: p.detach().clone() for name, p in model.named_parameters()})
+        average.add(model)
+    average.apply(model)
+    assert average.count == 3
+    for name, param in model.named_parameters():
+        assert torch.allclose(param, torch.stack([state[name] for state in states]).mean(0), atol=1e-6)
+
+
+def test_value_pretraining_writes_the_average_of_its_last_steps(tokenizer, tiny_model_dir, tmp_path, monkeypatch):
+    """`value.pretrain.average_from: 0.5` over 6 steps: the critic written is the mean of the weights after
+    steps 4, 5 and 6, and the held-out EV reported is that critic's (the last step's is kept beside it)."""
+    import rlpipe.train.critic as critic_training
+
+    digit = {d: tokenizer.convert_tokens_to_ids(d) for d in "0123456789"}
+    prompt = tokenizer.encode("12+34=", add_special_tokens=True)
+    response_ids = [[digit[d], tokenizer.eos_token_id] for d in "73" * 32]
+    rewards = torch.tensor([float(r[0] == digit["7"]) for r in response_ids])
+    groups = [i // 4 for i in range(len(response_ids))]
+    real_step, after_step = critic_training.value_step, []
+
+    def recording_step(critic, *args, **kwargs):
+        stats = real_step(critic, *args, **kwargs)
+        after_step.append({name: p.detach().clone() for name, p in critic.named_parameters()})
+        return stats
+
+    monkeypatch.setattr(critic_training, "value_step", recording_step)
+    params = mini_params(max_steps=6, min_explained_variance=1.0, average_from=0.5)
+    metrics = pretrain_critic(params, [prompt] * len(response_ids), response_ids, rewards, groups, tiny_model_dir,
+                              tmp_path / "critic")
+    assert metrics["value/averaged_steps"] == 3 and len(after_step) == 6
+    critic, _ = load_critic(tmp_path / "critic")
+    for name, param in critic.named_parameters():
+        assert torch.allclose(param, torch.stack([state[name] for state in after_step[3:]]).mean(0), atol=1e-6), name
+    assert not torch.equal(critic.score.weight, after_step[-1]["score.weight"])
+
+    held_out = held_out_groups(params.seed, max(groups) + 1)
+    rows = [i for i, g in enumerate(groups) if g in held_out]
+    mask = pad_ragged([response_ids[i] for i in rows], 0, torch.long)[1]
+    returns = monte_carlo_returns(rewards[rows], mask, params.algorithm.resolve().gamma)
+    values = predict(critic, ValueTargets([prompt] * len(rows), [response_ids[i] for i in rows], returns, None, mask),
+                     params, tokenizer.pad_token_id)
+    assert explained_variance(values, returns, mask) == metrics["value/explained_variance"]
+    assert metrics["value/explained_variance_last_step"] != metrics["value/explained_variance"]

@@ -289,7 +289,8 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
 
     critics = {}
     for steps in (0, 3):
-        pretrain = {**MINI["value"]["pretrain"], "max_steps": 2, "verifier_steps": steps, "verifier_prompts": 16}
+        pretrain = {**MINI["value"]["pretrain"], "max_steps": 2, "verifier_steps": steps, "verifier_prompts": 16,
+                    "average_from": 0.0 if steps else None}  # with the phase: the mean of both steps is written
         params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": pretrain})
         work = workspace / f"verifier-{steps}"
         shutil.rmtree(work, ignore_errors=True)
@@ -297,6 +298,7 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
         monkeypatch.chdir(work)
         metrics = execute("value_pretrain", params)
         assert ("value/verifier_explained_variance" in metrics) == bool(steps)
+        assert metrics.get("value/averaged_steps") == (2 if steps else None)
         critics[steps] = load_file(work / paths.critic_dir("r0") / "model.safetensors")
         assert [p.name for p in (work / "runs" / "critic").iterdir()] == ["r0"]
         assert not [p for p in work.rglob("*verifier*")]

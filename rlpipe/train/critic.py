@@ -5,7 +5,8 @@ Value pretraining (`pretrain_critic`) fits a fresh value head on the policy's ba
 gamma^(T_b - 1 - t) r_b. A quarter of the prompts is held out; training stops when the held-out
 explained variance reaches `value.pretrain.min_explained_variance`, or after `value.pretrain.max_steps`
 steps, at `value.lr` or down a cosine over those steps (`value.pretrain.lr_schedule`; the verifier phase
-has its own, `verifier_lr_schedule`). The per-round update (`update_critic`) fits V to the batch's
+has its own, `verifier_lr_schedule`); with `value.pretrain.average_from` it writes the mean of the critic's
+weights over its last steps. The per-round update (`update_critic`) fits V to the batch's
 returns with the clipped value loss 0.5 max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2),
 token-mean over the kept tokens, with its own lr, epochs and clip range; its optimizer state is saved
 beside the critic and carried across rounds. Under torchrun it runs on every rank like the policy
@@ -32,7 +33,8 @@ from rlpipe.models.policy import save_optimizer
 from rlpipe.models.sequences import pack, pad_ragged, token_budget_chunks
 from rlpipe.progress import progress
 from rlpipe.train.distributed import World, unwrap, wrap_model
-from rlpipe.train.loop import make_adamw, minibatches, optimizer_step, saved_optimizer, set_lr, step_means
+from rlpipe.train.loop import (WeightAverage, make_adamw, minibatches, optimizer_step, saved_optimizer, set_lr,
+                               step_means)
 from rlpipe.train.schedule import Schedule, learning_rate
 
 EVAL_EVERY = 5
@@ -203,6 +205,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     # critic's held-out predictions, for the metrics and the oracle alike; None if no step ran
     ev, step, history, values = float("-inf"), 0, [], None
     peak_lrs = [group["lr"] for group in optimizer.param_groups]  # the schedule scales each group's own rate
+    average = WeightAverage() if cfg.average_from is not None else None
     with progress(total=cfg.max_steps, desc="value pretrain", unit="step") as bar:
         while step < cfg.max_steps:
             decay = learning_rate(cfg.lr_schedule, step, Schedule(1.0, 0, cfg.max_steps, 0.0))
@@ -212,6 +215,8 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
             stats = value_step(critic, optimizer, targets.rows(rng.sample(train_idx, min(batch_rows, len(train_idx)))),
                                params, tokenizer.pad_token_id, f"value_pretrain step {step}")
             step += 1
+            if average is not None and step > cfg.average_from * cfg.max_steps:
+                average.add(critic)
             if step % eval_every == 0 or step == cfg.max_steps:
                 values = held_out_values()
                 ev = explained_variance(values, eval_targets.returns, eval_targets.mask)
@@ -223,10 +228,15 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
             bar.set_postfix(loss=f"{stats['value_loss']:.4f}", ev=f"{ev:.3f}")
             if ev >= cfg.min_explained_variance:
                 break
+    averaged = {}
+    if average is not None and average.count:  # written, measured and probed: the averaged critic
+        averaged = {"value/explained_variance_last_step": ev, "value/averaged_steps": average.count}
+        average.apply(critic)
+        values = None
     if values is None:  # max_steps 0: the fresh head's held-out EV, not the loop's -inf starting value
         values = held_out_values()
         ev = explained_variance(values, eval_targets.returns, eval_targets.mask)
-    metrics = {"value/explained_variance": ev, "value/pretrain_steps": step,
+    metrics = {"value/explained_variance": ev, **averaged, "value/pretrain_steps": step,
                "value/pretrain_loss_last": history[-1]["value_loss"] if history else float("nan"),
                "value/pretrain_responses": len(response_ids), "value/critic": 1}
     if oracle is not None:
@@ -303,7 +313,7 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
     phase = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": cfg.verifier_lr,
         "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0,
-                                           "lr_schedule": cfg.verifier_lr_schedule})})})
+                                           "lr_schedule": cfg.verifier_lr_schedule, "average_from": None})})})
     prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
     # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
     # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)

@@ -9,7 +9,8 @@ warm start all step through it.
   micro-batch's loss (DDP synchronises on the last only), join with a zero gradient when this rank has
   no share, check the loss and the gradient norm are finite, clip, step; the additive metrics are
   summed over micro-batches and ranks;
-- `step_means`: the mean of each per-step metric over a run of steps.
+- `step_means`: the mean of each per-step metric over a run of steps;
+- `WeightAverage`: the uniform running mean of a model's weights over the steps it is given.
 """
 
 from __future__ import annotations
@@ -122,3 +123,26 @@ def step_means(steps: list[dict[str, float]], skip: tuple[str, ...] = ("step",))
     """{name_mean: mean over the steps} for every metric of the first step but `skip`."""
     return {f"{name}_mean": sum(s[name] for s in steps) / len(steps) for name in (steps[0] if steps else ())
             if name not in skip}
+
+
+class WeightAverage:
+    """The uniform mean of a model's parameters over the steps `add` is called after (kept in float32,
+    whatever the model's dtype), and `apply`, which writes it into the model's parameters."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._mean: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def add(self, model: torch.nn.Module) -> None:
+        self.count += 1
+        for name, param in model.named_parameters():
+            if self.count == 1:
+                self._mean[name] = param.detach().float().clone()
+            else:  # the running mean m_k = m_{k-1} + (x_k - m_{k-1}) / k
+                self._mean[name] += (param.detach().float() - self._mean[name]) / self.count
+
+    @torch.no_grad()
+    def apply(self, model: torch.nn.Module) -> None:
+        for name, param in model.named_parameters():
+            param.copy_(self._mean[name])
