@@ -574,9 +574,9 @@ class ValuePretrainConfig(Section):
     held-out explained variance wanders on a plateau, and the average of that walk predicts better than
     any one step of it. On the reasoning task, after the verifier phase, 0.5 moved the critic's fraction
     of its ceiling by +0.04 and +0.01 (seed 1, two draws of the batches), +0.00 (seed 0) and +0.02
-    (seed 2): a small gain, never a loss (README, The critic's ceiling). The held-out EV and the oracle are then the averaged critic's; early stopping still reads
-    the last step's, and a run stopped before the average starts writes the last step's weights. The
-    verifier phase does not average."""
+    (seed 2): a small gain, never a loss (README, The critic's ceiling). The held-out EV and the oracle
+    are then the averaged critic's; early stopping still reads the last step's, and a run stopped before
+    the average starts writes the last step's weights. The verifier phase does not average."""
 
 
 class OracleEVConfig(Section):

@@ -229,11 +229,11 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
             if ev >= cfg.min_explained_variance:
                 break
     averaged = {}
-    if average is not None and average.count:  # written, measured and probed: the averaged critic
+    if average is not None and average.count:  # the averaged critic is the one written, measured and probed
         averaged = {"value/explained_variance_last_step": ev, "value/averaged_steps": average.count}
         average.apply(critic)
-        values = None
-    if values is None:  # max_steps 0: the fresh head's held-out EV, not the loop's -inf starting value
+    # max_steps 0: the fresh head's held-out EV, not the loop's -inf starting value; averaged: the mean's
+    if values is None or averaged:
         values = held_out_values()
         ev = explained_variance(values, eval_targets.returns, eval_targets.mask)
     metrics = {"value/explained_variance": ev, **averaged, "value/pretrain_steps": step,
