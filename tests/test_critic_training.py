@@ -33,6 +33,25 @@ def mini_params(**value):
     return params_from_dict(raw, "tests/params_mini.yaml")
 
 
+def first_token_samples(tokenizer, first_tokens: str, per_group: int):
+    """One prompt; each response is one digit of `first_tokens` then eos, reward 1 where it is "7";
+    `per_group` rows a group: (prompt, response_ids, rewards, groups)."""
+    digit = {d: tokenizer.convert_tokens_to_ids(d) for d in "0123456789"}
+    response_ids = [[digit[d], tokenizer.eos_token_id] for d in first_tokens]
+    rewards = torch.tensor([float(r[0] == digit["7"]) for r in response_ids])
+    return (tokenizer.encode("12+34=", add_special_tokens=True), response_ids, rewards,
+            [i // per_group for i in range(len(response_ids))])
+
+
+def held_out_targets(params, prompt, response_ids, rewards, groups) -> ValueTargets:
+    """The rows of the groups value pretraining holds out, with their Monte-Carlo returns."""
+    held_out = held_out_groups(params.seed, max(groups) + 1)
+    rows = [i for i, g in enumerate(groups) if g in held_out]
+    mask = pad_ragged([response_ids[i] for i in rows], 0, torch.long)[1]
+    returns = monte_carlo_returns(rewards[rows], mask, params.algorithm.resolve().gamma)
+    return ValueTargets([prompt] * len(rows), [response_ids[i] for i in rows], returns, None, mask)
+
+
 def test_value_pretraining_learns_what_the_state_shows_and_no_more(tokenizer, tiny_model_dir, tmp_path):
     params = mini_params(max_steps=60, min_explained_variance=1.0)
     rng = random.Random(0)
@@ -47,10 +66,8 @@ def test_value_pretraining_learns_what_the_state_shows_and_no_more(tokenizer, ti
     metrics = pretrain_critic(params, [prompt] * len(response_ids), response_ids, rewards, groups, tiny_model_dir,
                               tmp_path / "critic")
 
-    held_out = held_out_groups(params.seed, n_groups)
-    rows = [i for i, g in enumerate(groups) if g in held_out]
-    mask = pad_ragged([response_ids[i] for i in rows], 0, torch.long)[1]
-    returns = monte_carlo_returns(rewards[rows], mask, params.algorithm.resolve().gamma)
+    targets = held_out_targets(params, prompt, response_ids, rewards, groups)
+    returns, mask = targets.returns, targets.mask
     best = returns.clone()  # later states: the outcome itself; the first state: the best one value for all
     best[:, 0] = returns[:, 0].mean()
     ceiling = explained_variance(best, returns, mask)
@@ -60,10 +77,9 @@ def test_value_pretraining_learns_what_the_state_shows_and_no_more(tokenizer, ti
 
     # the written critic reloads to the same held-out predictions, and the first state's are all one value
     critic, _ = load_critic(tmp_path / "critic")
-    targets = ValueTargets([prompt] * len(rows), [response_ids[i] for i in rows], returns, None, mask)
     values = predict(critic, targets, params, tokenizer.pad_token_id)
     assert explained_variance(values, returns, mask) == metrics["value/explained_variance"]
-    assert torch.allclose(values[:, 0], values[0, 0].expand(len(rows)))
+    assert torch.allclose(values[:, 0], values[0, 0].expand(len(values)))
 
 
 def test_cosine_value_pretraining_walks_its_rate_down_to_near_zero(tokenizer, tiny_model_dir, tmp_path, monkeypatch):
@@ -73,11 +89,7 @@ def test_cosine_value_pretraining_walks_its_rate_down_to_near_zero(tokenizer, ti
 
     import rlpipe.train.critic as critic_training
 
-    digit = {d: tokenizer.convert_tokens_to_ids(d) for d in "0123456789"}
-    prompt = tokenizer.encode("12+34=", add_special_tokens=True)
-    response_ids = [[digit[d], tokenizer.eos_token_id] for d in "73" * 16]
-    rewards = torch.tensor([float(r[0] == digit["7"]) for r in response_ids])
-    groups = [i // 4 for i in range(len(response_ids))]
+    prompt, response_ids, rewards, groups = first_token_samples(tokenizer, "73" * 16, per_group=4)
     real_step = critic_training.value_step
     for schedule in ("constant", "cosine"):
         params = mini_params(max_steps=4, min_explained_variance=1.0, lr_schedule=schedule)
@@ -137,11 +149,7 @@ def test_value_pretraining_writes_the_average_of_its_last_steps(tokenizer, tiny_
     steps 4, 5 and 6, and the held-out EV reported is that critic's (the last step's is kept beside it)."""
     import rlpipe.train.critic as critic_training
 
-    digit = {d: tokenizer.convert_tokens_to_ids(d) for d in "0123456789"}
-    prompt = tokenizer.encode("12+34=", add_special_tokens=True)
-    response_ids = [[digit[d], tokenizer.eos_token_id] for d in "73" * 32]
-    rewards = torch.tensor([float(r[0] == digit["7"]) for r in response_ids])
-    groups = [i // 4 for i in range(len(response_ids))]
+    prompt, response_ids, rewards, groups = first_token_samples(tokenizer, "73" * 32, per_group=4)
     real_step, after_step = critic_training.value_step, []
 
     def recording_step(critic, *args, **kwargs):
@@ -159,11 +167,7 @@ def test_value_pretraining_writes_the_average_of_its_last_steps(tokenizer, tiny_
         assert torch.allclose(param, torch.stack([state[name] for state in after_step[3:]]).mean(0), atol=1e-6), name
     assert not torch.equal(critic.score.weight, after_step[-1]["score.weight"])
 
-    held_out = held_out_groups(params.seed, max(groups) + 1)
-    rows = [i for i, g in enumerate(groups) if g in held_out]
-    mask = pad_ragged([response_ids[i] for i in rows], 0, torch.long)[1]
-    returns = monte_carlo_returns(rewards[rows], mask, params.algorithm.resolve().gamma)
-    values = predict(critic, ValueTargets([prompt] * len(rows), [response_ids[i] for i in rows], returns, None, mask),
-                     params, tokenizer.pad_token_id)
-    assert explained_variance(values, returns, mask) == metrics["value/explained_variance"]
+    targets = held_out_targets(params, prompt, response_ids, rewards, groups)
+    values = predict(critic, targets, params, tokenizer.pad_token_id)
+    assert explained_variance(values, targets.returns, targets.mask) == metrics["value/explained_variance"]
     assert metrics["value/explained_variance_last_step"] != metrics["value/explained_variance"]
