@@ -127,7 +127,10 @@ def step_means(steps: list[dict[str, float]], skip: tuple[str, ...] = ("step",))
 
 class WeightAverage:
     """The uniform mean of a model's parameters over the steps `add` is called after (kept in float32,
-    whatever the model's dtype), and `apply`, which writes it into the model's parameters."""
+    whatever the model's dtype), and `apply`, which writes it into the model's parameters.
+
+    Not `torch.optim.swa_utils.AveragedModel`: that keeps a whole second module and averages in the
+    model's own dtype, so a bf16 critic would be averaged in bf16."""
 
     def __init__(self) -> None:
         self.count = 0
