@@ -11,7 +11,9 @@ variant's changes and prints the held-out explained variance every 5 steps and, 
 its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
 `head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
 `prompts`, `schedule` (`value.pretrain.lr_schedule`), `average_from` (`value.pretrain.average_from`),
-`backbone` (the critic's starting model, as `value.model.path`; default the init policy).
+`target_continuations` (`value.pretrain.target_continuations`; the continuations' means are kept in
+OUT/continuations-K-P.pt, the stage's draws), `backbone` (the critic's starting model, as
+`value.model.path`; default the init policy).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
@@ -44,6 +46,33 @@ def cached_samples(params, cache: Path):
     return rows
 
 
+def cached_continuation_means(params, samples, cache: Path):
+    """`continuation_means(rows)` for `pretrain_critic`, as the value_pretrain stage builds it (the same
+    stream, so the same draws), its result kept in `cache` for the next variant of these samples."""
+    def means(rows):
+        if cache.is_file():
+            return torch.load(cache)
+        from rlpipe.data.splits import read_prompts, round_prompt_rows
+        from rlpipe.models.store import ModelStore
+        from rlpipe.rollout import rollout_backend
+        from rlpipe.rollout.oracle import continuation_means
+        from rlpipe.stages.value_pretrain import MC_TARGETS_STREAM, STREAM
+
+        prompt_ids, response_ids, _, groups = samples
+        table = read_prompts(paths.TRAIN)
+        prompts = table.take(round_prompt_rows(table.num_rows, params.value.pretrain.prompts, params.seed,
+                                               STREAM)).to_pydict()
+        backend = rollout_backend(ModelStore(), paths.policy_dir("r0"), params.rollout, params.model.dtype)
+        values = continuation_means(params, backend, [prompt_ids[i] for i in rows], [response_ids[i] for i in rows],
+                                    [prompts["answer"][groups[i]] for i in rows],
+                                    [prompts["meta"][groups[i]] for i in rows],
+                                    params.value.pretrain.target_continuations, MC_TARGETS_STREAM)[0]
+        torch.save(values, cache)
+        return values
+
+    return means
+
+
 def main(out: Path, variant: dict) -> None:
     import rlpipe.train.critic as critic_training
     from rlpipe.models.sequences import pad_ragged
@@ -53,11 +82,13 @@ def main(out: Path, variant: dict) -> None:
                                                         "prompts": variant.get("prompts", params.value.pretrain.prompts),
                                                         "min_explained_variance": 1.0,
                                                         "lr_schedule": variant.get("schedule", params.value.pretrain.lr_schedule),
-                                                        "average_from": variant.get("average_from", params.value.pretrain.average_from)})
+                                                        "average_from": variant.get("average_from", params.value.pretrain.average_from),
+                                                        "target_continuations": variant.get("target_continuations", 0)})
     params = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": variant.get("lr", params.value.lr), "pretrain": pretrain})})
     out.mkdir(parents=True, exist_ok=True)
-    prompt_ids, response_ids, rewards, groups = cached_samples(params, out / f"samples-{pretrain.prompts}.pkl")
+    samples = cached_samples(params, out / f"samples-{pretrain.prompts}.pkl")
+    prompt_ids, response_ids, rewards, groups = samples
     print(f"{len(response_ids)} responses, mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
 
     load_critic, explained_variance = critic_training.load_critic, critic_training.explained_variance
@@ -87,7 +118,10 @@ def main(out: Path, variant: dict) -> None:
     critic_dir = out / f"critic-{len(list(out.glob('critic-*')))}"
     started = time.perf_counter()
     metrics = critic_training.pretrain_critic(params, prompt_ids, response_ids, torch.tensor(rewards), groups,
-                                              Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir)
+                                              Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir,
+                                              continuation_means=cached_continuation_means(
+                                                  params, samples,
+                                                  out / f"continuations-{pretrain.target_continuations}-{pretrain.prompts}.pt"))
     print(f"{json.dumps(variant)}: held-out EV {metrics['value/explained_variance']:.4f} after {metrics['value/pretrain_steps']} "
           f"steps ({time.perf_counter() - started:.0f} s); every 5 steps {curve}", flush=True)
     if "value/averaged_steps" in metrics:

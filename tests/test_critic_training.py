@@ -120,11 +120,12 @@ def test_the_verifier_phase_runs_on_its_own_rate_and_schedule(tiny_model_dir, tm
     monkeypatch.setattr(critic_training, "pretrain_critic", capture)
     monkeypatch.setattr(critic_training, "verifier_rows", lambda *args: ([[1]], [[2]], [1.0], [0]))
     params = mini_params(max_steps=5, lr_schedule="constant", verifier_steps=7, verifier_lr=0.01,
-                         verifier_lr_schedule="cosine")
+                         verifier_lr_schedule="cosine", target_continuations=2)
     critic_training.pretrain_verifier(params, tiny_model_dir, tmp_path / "train.parquet", tmp_path / "verifier")
     assert (seen["value"].lr, seen["value"].pretrain.max_steps) == (0.01, 7)
     assert (seen["value"].pretrain.lr_schedule, seen["value"].pretrain.min_explained_variance) == ("cosine", 1.0)
     assert seen["value"].pretrain.average_from is None  # the phase writes its last step's weights
+    assert seen["value"].pretrain.target_continuations == 0  # its rows' rewards are exact, nothing to sample
 
 
 def test_weight_average_is_the_mean_of_the_states_it_was_given():
@@ -171,3 +172,61 @@ def test_value_pretraining_writes_the_average_of_its_last_steps(tokenizer, tiny_
     values = predict(critic, targets, params, tokenizer.pad_token_id)
     assert explained_variance(values, targets.returns, targets.mask) == metrics["value/explained_variance"]
     assert metrics["value/explained_variance_last_step"] != metrics["value/explained_variance"]
+
+
+def test_continuation_targets_blend_the_return_with_the_continuations_mean():
+    """(G_t + K m_t) / (K + 1) on the named rows' valid states, up to the width of `means`; padding stays 0
+    and other rows keep their returns."""
+    from rlpipe.train.critic import blend_continuations
+
+    returns = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    means = torch.tensor([[0.5, 0.25], [0.75, 0.0]])  # rows 1 and 2, as wide as the longer of them
+    blended = blend_continuations(returns, mask[:, :3], [1, 2], means, continuations=3)
+    assert blended[0].tolist() == [1.0, 1.0, 1.0]
+    assert blended[1].tolist() == pytest.approx([1.5 / 4, 0.75 / 4, 0.0])  # the third state: no mean given
+    assert blended[2].tolist() == pytest.approx([3.25 / 4, 1.0 / 4, 0.0])
+    assert returns[1].tolist() == [0.0, 0.0, 0.0]  # the input is not changed
+
+
+def test_value_pretraining_fits_the_continuations_on_its_training_rows_only(tokenizer, tiny_model_dir, tmp_path,
+                                                                               monkeypatch):
+    """`value.pretrain.target_continuations: 2`: the continuations are asked for the training rows and no
+    held-out one; every step fits (G_t + 2 m_t) / 3; the held-out EV is still against the returns."""
+    import rlpipe.train.critic as critic_training
+
+    prompt, response_ids, rewards, groups = first_token_samples(tokenizer, "73" * 32, per_group=4)
+    asked, fitted = [], []
+
+    def means(rows):  # every state's continuations score 1 half of the time
+        asked.extend(rows)
+        return torch.full((len(rows), 2), 0.5)
+
+    real_step = critic_training.value_step
+
+    def recording_step(critic, optimizer, targets, *args, **kwargs):
+        fitted.append(targets.returns[targets.mask])
+        return real_step(critic, optimizer, targets, *args, **kwargs)
+
+    monkeypatch.setattr(critic_training, "value_step", recording_step)
+    params = mini_params(max_steps=3, min_explained_variance=1.0, target_continuations=2)
+    metrics = pretrain_critic(params, [prompt] * len(response_ids), response_ids, rewards, groups, tiny_model_dir,
+                              tmp_path / "critic", continuation_means=means)
+    held_out = held_out_groups(params.seed, max(groups) + 1)
+    assert asked == [i for i, g in enumerate(groups) if g not in held_out]
+    assert metrics["value/target_continuations"] == 2
+    seen = torch.cat(fitted)
+    assert sorted(set(seen.tolist())) == pytest.approx([1 / 3, 2 / 3])  # (0 + 1) / 3, (1 + 1) / 3; never 0 or 1
+
+    critic, _ = load_critic(tmp_path / "critic")
+    targets = held_out_targets(params, prompt, response_ids, rewards, groups)
+    values = predict(critic, targets, params, tokenizer.pad_token_id)
+    assert explained_variance(values, targets.returns, targets.mask) == metrics["value/explained_variance"]
+
+
+def test_continuation_targets_need_undiscounted_returns():
+    from rlpipe.config.params import ParamsError
+
+    with pytest.raises(ParamsError, match="value.pretrain.target_continuations.*algorithm.gamma 1"):
+        params_from_dict({"algorithm": {"preset": "ppo", "gamma": 0.99}, "value": {"pretrain": {"target_continuations": 2}}})
+    assert params_from_dict({"algorithm": {"preset": "ppo"}}).value.pretrain.target_continuations == 0

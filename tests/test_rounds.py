@@ -320,6 +320,31 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
     assert all(not near_miss("12", random.Random(s)).startswith("0") for s in range(50))
 
 
+def test_value_pretraining_on_continuation_targets_samples_them_through_the_stage(workspace, monkeypatch):
+    """`value.pretrain.target_continuations: 2` through the stage: the continuations are drawn from the init
+    policy (the oracle's sampler) for every training state, and the critic fitted to them differs from
+    the one fitted to the returns alone, from the same samples and seed."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from rlpipe.runner import execute
+
+    critics = {}
+    for continuations in (0, 2):
+        pretrain = {**MINI["value"]["pretrain"], "max_steps": 2, "target_continuations": continuations}
+        params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": pretrain})
+        work = workspace / f"continuations-{continuations}"
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(workspace / "runs", work / "runs")
+        monkeypatch.chdir(work)
+        metrics = execute("value_pretrain", params)
+        assert metrics.get("value/target_continuations") == (continuations or None)
+        critics[continuations] = load_file(work / paths.critic_dir("r0") / "model.safetensors")
+    assert metrics["value/target_continuation_seconds"] > 0
+    assert any(not torch.equal(critics[0][k], critics[2][k]) for k in critics[0])
+
+
 def test_the_verifier_rows_of_the_reasoning_task_slip_once_and_carry_the_slip():
     """Reasoning: the right solution; the same with one running sum wrong by a digit and every later step
     adding correctly to it, so the marked answer is wrong; then the marked answer alone and a near miss."""

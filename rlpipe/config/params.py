@@ -83,6 +83,10 @@ class Params(Section):
                                                               f"sums: data.source 'synthetic' with data.task "
                                                               f"'addition' or 'reasoning' only (got "
                                                               f"{self.data.source!r}, {self.data.task!r}); set it to 0")
+        if self.value.pretrain.target_continuations and algo.gamma != 1:
+            raise KeyedError("value.pretrain.target_continuations", f"the continuations' rewards are not "
+                                                                    f"discounted: needs algorithm.gamma 1 (got "
+                                                                    f"{algo.gamma}); set it to 0")
         if self.update.minibatch_mix == "rows" and algo.loss_agg == "group-token-mean":
             raise KeyedError("update.minibatch_mix", f"'rows' splits groups across steps, and loss_agg "
                                                      f"'group-token-mean' (preset {self.algorithm.preset!r}) "

@@ -67,6 +67,17 @@ def outcome_scorer(params: Params, tokenizer, answers: list[str], metas: list[st
     return score
 
 
+def continuation_means(params: Params, backend, prompt_ids: list[list[int]], response_ids: list[list[int]],
+                       answers: list[str], metas: list[str], continuations: int,
+                       stream: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`prefix_values` of these responses under the policy `backend` generates from, sampled with the
+    rollout's settings and scored as the round scores (`outcome_scorer`)."""
+    rollout = params.rollout
+    return prefix_values(backend, prompt_ids, response_ids, outcome_scorer(params, backend.tokenizer, answers, metas),
+                         continuations=continuations, stream=stream, seed=params.seed,
+                         spec=SamplingSpec(rollout.max_new_tokens, rollout.temperature, rollout.top_k, rollout.top_p))
+
+
 def probed_rows(count: int, cap: int, seed: int, stream: str) -> list[int]:
     """A seeded sample of at most `cap` of `count` rows, in order."""
     return sorted(random.Random(f"{seed}:{stream}").sample(range(count), min(cap, count)))
@@ -80,14 +91,11 @@ def oracle_metrics(params: Params, backend, prompt_ids: list[list[int]], respons
     same sample and their ratio."""
     from rlpipe.models.critic import explained_variance, oracle_explained_variance
 
-    cfg, rollout = params.value.oracle_ev, params.rollout
+    cfg = params.value.oracle_ev
     started = time.perf_counter()
     rows = probed_rows(len(response_ids), cfg.max_responses, params.seed, stream)
-    oracle, noise = prefix_values(
-        backend, [prompt_ids[i] for i in rows], [response_ids[i] for i in rows],
-        outcome_scorer(params, backend.tokenizer, [answers[i] for i in rows], [metas[i] for i in rows]),
-        continuations=cfg.continuations, stream=stream, seed=params.seed,
-        spec=SamplingSpec(rollout.max_new_tokens, rollout.temperature, rollout.top_k, rollout.top_p))
+    oracle, noise = continuation_means(params, backend, [prompt_ids[i] for i in rows], [response_ids[i] for i in rows],
+                                       [answers[i] for i in rows], [metas[i] for i in rows], cfg.continuations, stream)
     width = oracle.shape[1]
     probed = [t[rows][:, :width] for t in (returns, values, mask)]
     ceiling = oracle_explained_variance(probed[0], probed[2], oracle, noise)

@@ -2,7 +2,8 @@
 
 Samples `value.pretrain.prompts` prompts x M responses from the init policy through the configured
 rollout backend, verifies them, and fits a fresh value head to their Monte-Carlo returns
-(`rlpipe.train.critic.pretrain_critic`); with `value.pretrain.verifier_steps`, from a critic that first
+(`rlpipe.train.critic.pretrain_critic`), or to their mean with continuations sampled from each state
+(`value.pretrain.target_continuations`); with `value.pretrain.verifier_steps`, from a critic that first
 learnt to check sums (`pretrain_verifier`, kept in a temporary directory). Critic-free presets get a
 small marker file and no model load.
 """
@@ -21,6 +22,7 @@ from rlpipe.rollout import rollout_backend
 from rlpipe.rewards.shaping import overlong_penalty
 
 STREAM = "value_pretrain"
+MC_TARGETS_STREAM = "mc_targets"  # the continuations of `value.pretrain.target_continuations`
 
 
 @dataclass
@@ -65,19 +67,24 @@ def value_pretrain(ctx) -> dict:
     backend = rollout_backend(ctx.models, paths.policy_dir("r0"), params.rollout, params.model.dtype)
     samples = pretraining_samples(params, backend)
     backbone = params.value.model.path or paths.policy_dir("r0")
-    oracle = None
-    if params.value.oracle_ev.continuations:
-        from rlpipe.rollout.oracle import oracle_metrics
+    from rlpipe.rollout.oracle import continuation_means, oracle_metrics
 
-        def oracle(rows, returns, values, mask):  # the ceiling on the held-out rows, under the init policy
-            return oracle_metrics(params, backend, [samples.prompt_ids[i] for i in rows],
-                                  [samples.response_ids[i] for i in rows], [samples.answers[i] for i in rows],
-                                  [samples.metas[i] for i in rows], returns, values, mask, stream="oracle@value_pretrain")
+    def picked(rows):  # the prompt ids, response ids, answers and metas of these rows
+        return [[column[i] for i in rows] for column in (samples.prompt_ids, samples.response_ids, samples.answers,
+                                                         samples.metas)]
+
+    def oracle(rows, returns, values, mask):  # the ceiling on the held-out rows, under the init policy
+        return oracle_metrics(params, backend, *picked(rows), returns, values, mask, stream="oracle@value_pretrain")
+
+    def means(rows):  # the training rows' continuations, under the init policy
+        return continuation_means(params, backend, *picked(rows), params.value.pretrain.target_continuations,
+                                  stream=MC_TARGETS_STREAM)[0]
     with tempfile.TemporaryDirectory(prefix="rlpipe-verifier-") as scratch:
         verifier = {}
         if params.value.pretrain.verifier_steps:  # the critic starts as a verifier, an intermediate model only
             verifier = pretrain_verifier(params, Path(backbone), paths.TRAIN, Path(scratch) / "verifier")
             backbone = Path(scratch) / "verifier"
         metrics = pretrain_critic(params, samples.prompt_ids, samples.response_ids, torch.tensor(samples.rewards),
-                                  samples.groups, backbone, paths.critic_dir("r0"), ctx.tracker, ctx.models, oracle)
+                                  samples.groups, backbone, paths.critic_dir("r0"), ctx.tracker, ctx.models,
+                                  oracle if params.value.oracle_ev.continuations else None, means)
     return {**metrics, **verifier}

@@ -2,7 +2,8 @@
 
 Value pretraining (`pretrain_critic`) fits a fresh value head on the policy's backbone (or
 `value.model.path`) to Monte-Carlo returns (lambda = 1) of responses sampled from the init policy: G_t =
-gamma^(T_b - 1 - t) r_b. A quarter of the prompts is held out; training stops when the held-out
+gamma^(T_b - 1 - t) r_b, or with `value.pretrain.target_continuations` to their mean with continuations sampled
+from each state. A quarter of the prompts is held out; training stops when the held-out
 explained variance reaches `value.pretrain.min_explained_variance`, or after `value.pretrain.max_steps`
 steps, at `value.lr` or down a cosine over those steps (`value.pretrain.lr_schedule`; the verifier phase
 has its own, `verifier_lr_schedule`); with `value.pretrain.average_from` it writes the mean of the critic's
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,6 +173,17 @@ def monte_carlo_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float)
     return (gamma ** (lengths - 1 - t).clamp(min=0).float()) * rewards.unsqueeze(1) * mask
 
 
+def blend_continuations(returns: torch.Tensor, mask: torch.Tensor, rows: list[int], means: torch.Tensor,
+                        continuations: int) -> torch.Tensor:
+    """`returns` with each state of `rows` valued (G_t + K m_t) / (K + 1): the response's own return and
+    the mean reward m_t of K continuations sampled from that state, K + 1 samples of V(s_t) in all.
+    `means` is (len(rows), W), W up to the longest of those rows; other rows keep their returns."""
+    blended, width = returns.clone(), means.shape[1]
+    own = returns[rows, :width]
+    blended[rows, :width] = (own + continuations * means) / (continuations + 1) * mask[rows, :width]
+    return blended
+
+
 def held_out_groups(seed: int, n_groups: int) -> set[int]:
     """The groups (prompts) value pretraining holds out to measure explained variance on: a seeded quarter."""
     return set(random.Random(f"{seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
@@ -178,20 +191,28 @@ def held_out_groups(seed: int, n_groups: int) -> set[int]:
 
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
                     groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None,
-                    eval_every: int = EVAL_EVERY) -> dict:
+                    continuation_means=None, eval_every: int = EVAL_EVERY) -> dict:
     """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
     `groups`, one group per prompt) and write the round-0 critic to `out_dir`. `oracle(rows, returns,
     values, mask)`, when given, measures the critic's ceiling on the held-out rows its EV is taken on.
+    `continuation_means(rows)`, needed with `value.pretrain.target_continuations`, gives the (len(rows), W)
+    mean reward of that many continuations from each state of the training rows (`blend_continuations`).
     The held-out EV is taken every `eval_every` steps and after the last; evaluating changes no weight."""
     cfg = params.value.pretrain
     mask = pad_ragged(response_ids, 0, torch.long)[1]
     returns = monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma)
-    targets = ValueTargets(prompt_ids, response_ids, returns, None, mask)
     n_groups = max(groups) + 1
     held_out = held_out_groups(params.seed, n_groups)
     train_idx = [i for i, g in enumerate(groups) if g not in held_out]
     eval_rows = [i for i, g in enumerate(groups) if g in held_out]
-    eval_targets = targets.rows(eval_rows)
+    eval_targets = ValueTargets(prompt_ids, response_ids, returns, None, mask).rows(eval_rows)
+    sampled = {}
+    if cfg.target_continuations:  # the training rows' targets only: the held-out EV stays against the returns
+        started = time.perf_counter()
+        returns = blend_continuations(returns, mask, train_idx, continuation_means(train_idx), cfg.target_continuations)
+        sampled = {"value/target_continuations": cfg.target_continuations,
+                   "value/target_continuation_seconds": time.perf_counter() - started}
+    targets = ValueTargets(prompt_ids, response_ids, returns, None, mask)
 
     critic, tokenizer = load_critic(backbone, params.model.dtype, from_policy=True)
     optimizer = make_critic_optimizer(critic, params, None)
@@ -236,7 +257,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     if values is None or averaged:
         values = held_out_values()
         ev = explained_variance(values, eval_targets.returns, eval_targets.mask)
-    metrics = {"value/explained_variance": ev, **averaged, "value/pretrain_steps": step,
+    metrics = {"value/explained_variance": ev, **averaged, **sampled, "value/pretrain_steps": step,
                "value/pretrain_loss_last": history[-1]["value_loss"] if history else float("nan"),
                "value/pretrain_responses": len(response_ids), "value/critic": 1}
     if oracle is not None:
@@ -313,7 +334,8 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
     phase = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": cfg.verifier_lr,
         "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0,
-                                           "lr_schedule": cfg.verifier_lr_schedule, "average_from": None})})})
+                                           "lr_schedule": cfg.verifier_lr_schedule, "average_from": None,
+                                           "target_continuations": 0})})})
     prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
     # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
     # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
