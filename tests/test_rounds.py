@@ -259,19 +259,25 @@ def test_torchrun_update_with_lora_matches_one_process(workspace, monkeypatch):
     assert worst < 1e-5, f"adapters differ by {worst}"
 
 
-def test_value_pretraining_of_zero_steps_reports_the_fresh_critics_explained_variance(workspace, monkeypatch):
-    """`value.pretrain.max_steps: 0` keeps the fresh head, and its held-out EV is measured, not the -inf
-    the training loop starts from (the sweep's VAPO-without-pretraining runs read it)."""
-    from rlpipe.runner import execute
-
-    params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": {**MINI["value"]["pretrain"], "max_steps": 0}})
-    work = workspace / "no-pretraining"
+def value_pretrain_in_a_copy(workspace, monkeypatch, name: str, **pretrain):
+    """Run ppo's value_pretrain stage in a fresh copy of the workspace's runs/, with these
+    `value.pretrain` keys; (the copy, the stage's metrics)."""
     import shutil
 
+    from rlpipe.runner import execute
+
+    params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": {**MINI["value"]["pretrain"], **pretrain}})
+    work = workspace / name
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(workspace / "runs", work / "runs")
     monkeypatch.chdir(work)
-    metrics = execute("value_pretrain", params)
+    return work, execute("value_pretrain", params)
+
+
+def test_value_pretraining_of_zero_steps_reports_the_fresh_critics_explained_variance(workspace, monkeypatch):
+    """`value.pretrain.max_steps: 0` keeps the fresh head, and its held-out EV is measured, not the -inf
+    the training loop starts from (the sweep's VAPO-without-pretraining runs read it)."""
+    _, metrics = value_pretrain_in_a_copy(workspace, monkeypatch, "no-pretraining", max_steps=0)
     assert metrics["value/pretrain_steps"] == 0
     assert -10 < metrics["value/explained_variance"] <= 1
 
@@ -280,23 +286,16 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
     """`value.pretrain.verifier_steps`: the critic first learns sums against near misses, then value
     pretraining starts from it (same seed, same samples), so its critic differs from the one started from
     the policy; the phase's figures are in the stage's metrics and nothing of it is left in runs/."""
-    import shutil
-
     from safetensors.torch import load_file
 
-    from rlpipe.runner import execute
     from rlpipe.train.critic import near_miss, verifier_rows
 
     critics = {}
     for steps in (0, 3):
-        pretrain = {**MINI["value"]["pretrain"], "max_steps": 2, "verifier_steps": steps, "verifier_prompts": 16,
-                    "average_from": 0.0 if steps else None}  # with the phase: the mean of both steps is written
-        params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": pretrain})
-        work = workspace / f"verifier-{steps}"
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.copytree(workspace / "runs", work / "runs")
-        monkeypatch.chdir(work)
-        metrics = execute("value_pretrain", params)
+        # with the phase, average_from 0: the mean of both steps is written
+        work, metrics = value_pretrain_in_a_copy(workspace, monkeypatch, f"verifier-{steps}", max_steps=2,
+                                                 verifier_steps=steps, verifier_prompts=16,
+                                                 average_from=0.0 if steps else None)
         assert ("value/verifier_explained_variance" in metrics) == bool(steps)
         assert metrics.get("value/averaged_steps") == (2 if steps else None)
         critics[steps] = load_file(work / paths.critic_dir("r0") / "model.safetensors")
@@ -307,6 +306,7 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
 
     from transformers import AutoTokenizer
 
+    params = mini_params(**{"value.pretrain": {**MINI["value"]["pretrain"], "verifier_prompts": 16}})
     tokenizer = AutoTokenizer.from_pretrained(workspace / paths.policy_dir("r0"))
     prompt_ids, response_ids, rewards, groups = verifier_rows(params, tokenizer, workspace / paths.TRAIN)
     assert rewards == [1.0, 0.0] * 16 and groups == [g for g in range(16) for _ in range(2)]
@@ -324,21 +324,12 @@ def test_value_pretraining_on_continuation_targets_samples_them_through_the_stag
     """`value.pretrain.target_continuations: 2` through the stage: the continuations are drawn from the init
     policy (the oracle's sampler) for every training state, and the critic fitted to them differs from
     the one fitted to the returns alone, from the same samples and seed."""
-    import shutil
-
     from safetensors.torch import load_file
-
-    from rlpipe.runner import execute
 
     critics = {}
     for continuations in (0, 2):
-        pretrain = {**MINI["value"]["pretrain"], "max_steps": 2, "target_continuations": continuations}
-        params = mini_params(**{"algorithm.preset": "ppo", "value.pretrain": pretrain})
-        work = workspace / f"continuations-{continuations}"
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.copytree(workspace / "runs", work / "runs")
-        monkeypatch.chdir(work)
-        metrics = execute("value_pretrain", params)
+        work, metrics = value_pretrain_in_a_copy(workspace, monkeypatch, f"continuations-{continuations}", max_steps=2,
+                                                 target_continuations=continuations)
         assert metrics.get("value/target_continuations") == (continuations or None)
         critics[continuations] = load_file(work / paths.critic_dir("r0") / "model.safetensors")
     assert metrics["value/target_continuation_seconds"] > 0
