@@ -32,21 +32,19 @@ from rlpipe.config import load_params
 
 
 def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
-    from rlpipe.data.splits import read_prompts, round_prompt_rows
     from rlpipe.models.critic import explained_variance, load_critic, oracle_explained_variance
     from rlpipe.models.sequences import pad_ragged
     from rlpipe.models.store import ModelStore
     from rlpipe.rollout import rollout_backend
     from rlpipe.rollout.base import SamplingSpec
     from rlpipe.rollout.oracle import outcome_scorer, prefix_values, probed_rows
-    from rlpipe.stages.value_pretrain import STREAM
+    from rlpipe.stages.value_pretrain import pretraining_prompts
     from rlpipe.train.critic import ValueTargets, held_out_groups, monte_carlo_returns, predict
 
     params = load_params()
-    table = read_prompts(paths.TRAIN)
     samples = {int(f.stem.split("-")[1]): pickle.loads(f.read_bytes()) for f in sorted(out.glob("samples-*.pkl"))}
     largest = max(samples)
-    prompts = table.take(round_prompt_rows(table.num_rows, largest, params.seed, STREAM)).to_pydict()
+    prompts = pretraining_prompts(params, largest)
     trained_on: set[str] = set()  # prompts some sample file trained a critic on
     for *_, file_groups in samples.values():
         n_groups = max(file_groups) + 1

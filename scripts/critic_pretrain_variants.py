@@ -52,16 +52,13 @@ def cached_continuation_means(params, samples, cache: Path):
     def means(rows):
         if cache.is_file():
             return torch.load(cache)
-        from rlpipe.data.splits import read_prompts, round_prompt_rows
         from rlpipe.models.store import ModelStore
         from rlpipe.rollout import rollout_backend
         from rlpipe.rollout.oracle import continuation_means
-        from rlpipe.stages.value_pretrain import MC_TARGETS_STREAM, STREAM
+        from rlpipe.stages.value_pretrain import MC_TARGETS_STREAM, pretraining_prompts
 
         prompt_ids, response_ids, _, groups = samples
-        table = read_prompts(paths.TRAIN)
-        prompts = table.take(round_prompt_rows(table.num_rows, params.value.pretrain.prompts, params.seed,
-                                               STREAM)).to_pydict()
+        prompts = pretraining_prompts(params, params.value.pretrain.prompts)
         backend = rollout_backend(ModelStore(), paths.policy_dir("r0"), params.rollout, params.model.dtype)
         values = continuation_means(params, backend, [prompt_ids[i] for i in rows], [response_ids[i] for i in rows],
                                     [prompts["answer"][groups[i]] for i in rows],

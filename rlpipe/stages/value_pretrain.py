@@ -37,14 +37,20 @@ class PretrainingSamples:
     metas: list[str]
 
 
+def pretraining_prompts(params, count: int) -> dict[str, list]:
+    """The first `count` prompts of value pretraining's seeded draw from the train split, as columns; a
+    smaller count is the start of a larger one's."""
+    table = read_prompts(paths.TRAIN)
+    return table.take(round_prompt_rows(table.num_rows, count, params.seed, STREAM)).to_pydict()
+
+
 def pretraining_samples(params, backend) -> PretrainingSamples:
     """`value.pretrain.prompts` prompts x M responses from the policy `backend` generates from, scored."""
     from rlpipe.rollout.base import SamplingSpec
     from rlpipe.rollout.generate import generate_groups
 
     cfg, spec, m = params.rollout, params.algorithm.resolve(), params.rollout.samples_per_prompt
-    table = read_prompts(paths.TRAIN)
-    prompts = table.take(round_prompt_rows(table.num_rows, params.value.pretrain.prompts, params.seed, STREAM)).to_pydict()
+    prompts = pretraining_prompts(params, params.value.pretrain.prompts)
     groups = generate_groups(backend, prompts["prompt"], prompts["prompt_id"], greedy_pattern=[False] * m, stream=STREAM,
                              seed=params.seed, spec=SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p),
                              data=params.data, desc="value pretrain: sample")
