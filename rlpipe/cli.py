@@ -70,16 +70,16 @@ def _pipeline(args) -> int:
     try:
         if args.rounds is not None:
             set_rounds(default_params_path(), args.rounds)
-        rounds = load_params().rounds
+        params = load_params()
     except PipelineError as err:
         print(f"rlpipe pipeline: {err}", file=sys.stderr)
         return 1
     if args.check:
-        stale = stale_files(rounds, root)
+        stale = stale_files(params, root)
         for path in stale:
             print(f"out of date: {path.relative_to(root)}", file=sys.stderr)
         return 1 if stale else 0
-    changed = write_pipeline(rounds, root)
+    changed, rounds = write_pipeline(params, root), params.rounds
     for path in changed:
         print(f"wrote {path.relative_to(root)}" if path.exists() else f"removed {path.relative_to(root)}")
     print(f"the pipeline holds {rounds} rounds; nothing else changed" if not changed else

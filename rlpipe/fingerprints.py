@@ -116,7 +116,7 @@ def main() -> None:
     root = Path.cwd()
     try:
         params = load_params()
-        check_stage(STAGE, None, params.rounds, root)
+        check_stage(STAGE, None, params, root)
     except PipelineError as err:
         sys.exit(f"{STAGE}: {err}")
     if params.runtime.warm_worker:

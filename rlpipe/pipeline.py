@@ -12,7 +12,10 @@ fingerprint file, `rlpipe.fingerprints`, which keeps each round's lock small):
   tests/test_dependencies.py);
 - code: its entry script and every library file its work can import (`rlpipe.codedeps`), file by file,
   so that bytecode never enters a hash;
-- data: the artifacts of the stages before it.
+- data: the artifacts of the stages before it, and the local files and directories params.yaml points it
+  at (`external_inputs`: data files, a local model or critic backbone, a process reward model), so that
+  editing one in place reruns the stage. Changing such a key changes the declaration: run `rlpipe
+  pipeline` after it, as after raising `rounds`.
 
 What each stage execution measured goes to runs/stage_metrics/ (`rlpipe.paths.stage_metrics_path`), not a
 DVC output: the results DVC shows are eval.json and the per-round curve.
@@ -26,13 +29,16 @@ when its declaration differs from what this module generates now (`check_stage`)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rlpipe import paths
 from rlpipe.codedeps import REPO_ROOT, bookkeeping_code_files, stage_code_files
 from rlpipe.errors import PipelineError
+
+if TYPE_CHECKING:
+    from rlpipe.config import Params
 
 ROOT_FILE = "dvc.yaml"
 ROUNDS_DIR = "rounds"
@@ -93,12 +99,34 @@ def stage_data(name: str, round_name: str | None = None) -> tuple[list[Path], li
     return reads, writes
 
 
-def once_stage(name: str) -> dict[str, Any]:
+def local_directory(path: str | None, root: Path) -> bool:
+    """Whether a model key names a directory here (relative paths from the repo root), as transformers'
+    `from_pretrained` decides between a directory and a hub name."""
+    return path is not None and (root / path).is_dir()
+
+
+def external_inputs(name: str, params: Params, root: Path = REPO_ROOT) -> list[str]:
+    """What stage `name` reads outside the pipeline's own artifacts, as params.yaml names it: the data
+    files of `data.source: file` (prepare), a local `model.path` (init), a local `value.model.path`
+    (value_pretrain), `reward.process_model` (reward). Declared as deps, so that an edit in place reruns
+    the stage. A hub name is no file: nothing is declared for it, and DVC cannot see a new revision
+    behind it (keep a local copy to have DVC track the model)."""
+    if name == "prepare" and params.data.source == "file":
+        return [params.data.train_file, params.data.test_file]  # the config requires both
+    path = {"init": params.model.path, "value_pretrain": params.value.model.path,
+            "reward": params.reward.process_model}.get(name)
+    # the process reward model must be a directory (its scorer refuses anything else): declared as
+    # written, so that a missing one is named by DVC before the stage runs
+    return [path] if local_directory(path, root) or (name == "reward" and path is not None) else []
+
+
+def once_stage(name: str, params: Params, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The entry of a stage that runs once (root dvc.yaml)."""
     reads, writes = stage_data(name)
     entry: dict[str, Any] = {
         "cmd": f"python stages/{name}.py",
-        "deps": [*stage_code_files(name), *(p.as_posix() for p in reads)],
+        "deps": list(dict.fromkeys([*stage_code_files(name), *(p.as_posix() for p in reads),
+                                    *external_inputs(name, params, root)])),
         "params": list(STAGE_PARAMS[name]),
         "outs": [p.as_posix() for p in writes],
     }
@@ -111,7 +139,7 @@ def once_stage(name: str) -> dict[str, Any]:
     return entry
 
 
-def round_stage(name: str, k: int) -> dict[str, Any]:
+def round_stage(name: str, k: int, params: Params, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The entry of stage `name` of round rK (rounds/rK/dvc.yaml; paths are from the repo root). Its
     params and code are declared through its fingerprint file (`rlpipe.fingerprints`), which keeps the
     entry, and DVC's work per round, small."""
@@ -119,7 +147,8 @@ def round_stage(name: str, k: int) -> dict[str, Any]:
     return {
         "wdir": "../..",
         "cmd": f"python stages/{name}.py r{k}",
-        "deps": list(dict.fromkeys([paths.fingerprint_path(name).as_posix(), *(p.as_posix() for p in reads)])),
+        "deps": list(dict.fromkeys([paths.fingerprint_path(name).as_posix(), *(p.as_posix() for p in reads),
+                                    *external_inputs(name, params, root)])),
         "outs": [p.as_posix() for p in writes],
     }
 
@@ -148,12 +177,12 @@ ONCE = ("prepare", "init", "value_pretrain", "evaluate")
 PER_ROUND = ("rollout", "reward", "advantage", "update")
 
 
-def root_pipeline() -> dict:
-    return {"stages": {"fingerprint": fingerprint_stage(), **{name: once_stage(name) for name in ONCE}}}
+def root_pipeline(params: Params, root: Path = REPO_ROOT) -> dict:
+    return {"stages": {"fingerprint": fingerprint_stage(), **{name: once_stage(name, params, root) for name in ONCE}}}
 
 
-def round_pipeline(k: int) -> dict:
-    return {"stages": {name: round_stage(name, k) for name in PER_ROUND}}
+def round_pipeline(k: int, params: Params, root: Path = REPO_ROOT) -> dict:
+    return {"stages": {name: round_stage(name, k, params, root) for name in PER_ROUND}}
 
 
 def round_file(k: int, root: Path = REPO_ROOT) -> Path:
@@ -164,9 +193,9 @@ def render(pipeline: dict) -> str:
     return HEADER + yaml.safe_dump(pipeline, sort_keys=False, width=120)
 
 
-def expected_files(rounds: int, root: Path = REPO_ROOT) -> dict[Path, str]:
-    files = {root / ROOT_FILE: render(root_pipeline())}
-    files.update({round_file(k, root): render(round_pipeline(k)) for k in range(1, rounds + 1)})
+def expected_files(params: Params, root: Path = REPO_ROOT) -> dict[Path, str]:
+    files = {root / ROOT_FILE: render(root_pipeline(params, root))}
+    files.update({round_file(k, root): render(round_pipeline(k, params, root)) for k in range(1, params.rounds + 1)})
     return files
 
 
@@ -178,11 +207,11 @@ def generated_rounds(root: Path = REPO_ROOT) -> int:
     return k
 
 
-def stale_files(rounds: int, root: Path = REPO_ROOT) -> list[Path]:
+def stale_files(params: Params, root: Path = REPO_ROOT) -> list[Path]:
     """The pipeline files that differ from what the code and params now generate (or should not exist)."""
-    stale = [path for path, text in expected_files(rounds, root).items()
+    stale = [path for path, text in expected_files(params, root).items()
              if not path.is_file() or path.read_text() != text]
-    return stale + [round_file(k, root) for k in range(rounds + 1, generated_rounds(root) + 1)]
+    return stale + [round_file(k, root) for k in range(params.rounds + 1, generated_rounds(root) + 1)]
 
 
 def set_rounds(params_path: Path, rounds: int) -> None:
@@ -196,17 +225,17 @@ def set_rounds(params_path: Path, rounds: int) -> None:
     params_path.write_text(new)
 
 
-def write_pipeline(rounds: int, root: Path = REPO_ROOT) -> list[Path]:
+def write_pipeline(params: Params, root: Path = REPO_ROOT) -> list[Path]:
     """Write dvc.yaml and rounds/r1..r{rounds}/dvc.yaml; remove round files beyond. Returns what changed."""
     import shutil
 
     changed = []
-    for path, text in expected_files(rounds, root).items():
+    for path, text in expected_files(params, root).items():
         if not path.is_file() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             changed.append(path)
-    k = rounds + 1
+    k = params.rounds + 1
     while round_file(k, root).is_file():
         shutil.rmtree(round_file(k, root).parent)
         changed.append(round_file(k, root).parent)
@@ -218,22 +247,23 @@ class StalePipelineError(PipelineError):
     """A stage's declaration in the pipeline files differs from what the code and params now need."""
 
 
-def check_stage(name: str, round_name: str | None, params_rounds: int, root: Path = REPO_ROOT) -> None:
+def check_stage(name: str, round_name: str | None, params: Params, root: Path = REPO_ROOT) -> None:
     """Refuse to run a stage whose declared deps/params differ from what `rlpipe pipeline` generates now
-    (a new import, a new params key), or a run longer than the round files."""
+    (a new import, a new params key, another data file or local model), or a run longer than the round
+    files."""
     fix = "run `rlpipe pipeline` (it rewrites the pipeline files from the code and params.yaml) and rerun"
     if name == "fingerprint":
         path, key, want = root / ROOT_FILE, name, fingerprint_stage()
     elif round_name is None:
-        path, key, want = root / ROOT_FILE, name, once_stage(name)
+        path, key, want = root / ROOT_FILE, name, once_stage(name, params, root)
     else:
         k = paths.round_index(round_name)
-        path, key, want = round_file(k, root), name, round_stage(name, k)
+        path, key, want = round_file(k, root), name, round_stage(name, k, params, root)
     have = yaml.safe_load(path.read_text())["stages"].get(key) if path.is_file() else None
     if have != want:
         missing = [d for d in want.get("deps", []) if have is None or d not in have.get("deps", [])]
         detail = f"; undeclared: {', '.join(missing)}" if missing else ""
         raise StalePipelineError(f"{path.relative_to(root)}: the entry of {key!r} is out of date{detail}; {fix}")
-    if name == "evaluate" and generated_rounds(root) < params_rounds:
-        raise StalePipelineError(f"params.yaml asks for {params_rounds} rounds but {ROUNDS_DIR}/ holds "
+    if name == "evaluate" and generated_rounds(root) < params.rounds:
+        raise StalePipelineError(f"params.yaml asks for {params.rounds} rounds but {ROUNDS_DIR}/ holds "
                                  f"{generated_rounds(root)}; {fix}")

@@ -78,7 +78,7 @@ def checked_params(name: str, round_name: str | None) -> Params:
     params = load_params()
     if round_name is not None and round_name not in params.round_names:
         raise PipelineError(f"round {round_name!r} is beyond `rounds: {params.rounds}` in params.yaml")
-    check_stage(name, round_name, params.rounds, Path.cwd())
+    check_stage(name, round_name, params, Path.cwd())
     # Under DVC only: DVC records the run against the fingerprint file, so a stale one would let a later
     # `dvc repro` serve these outputs for the old params. A run by hand is recorded nowhere; DVC sees
     # its outputs as modified and reruns the stage.

@@ -28,7 +28,7 @@ def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Pa
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dst)
     (root / "params.yaml").write_text(params_text)
-    write_pipeline(load_params(root / "params.yaml").rounds, root)  # dvc.yaml and the params' round files
+    write_pipeline(load_params(root / "params.yaml"), root)  # dvc.yaml and the params' round files
     git = ["git", "-c", f"user.name={committer}", "-c", f"user.email={committer}@rlpipe.invalid"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run([*git, "add", "-A"], cwd=root, check=True)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -28,7 +29,7 @@ from conftest import REPO
 from params_recorder import covered
 from rlpipe.codedeps import is_exempt, module_file
 from rlpipe.scratch_project import scratch_env
-from scratch import dvc, dvc_target, make_project, ran_stages
+from scratch import MINI_PARAMS, dvc, dvc_target, make_project, ran_stages
 
 PROBE = REPO / "tests" / "stage_probe.py"
 ONCE = ("prepare", "init", "value_pretrain", "evaluate")
@@ -92,7 +93,7 @@ def test_committed_pipeline_files_are_generated():
     from rlpipe.config import load_params
     from rlpipe.pipeline import stale_files
 
-    stale = stale_files(load_params(REPO / "params.yaml").rounds, REPO)
+    stale = stale_files(load_params(REPO / "params.yaml"), REPO)
     assert not stale, f"run `rlpipe pipeline`: {stale}"
 
 
@@ -117,6 +118,7 @@ def test_the_checks_fail_on_a_missing_declaration(grpo_reads, mini_run):
 def test_a_stale_pipeline_file_stops_the_stage(mini_run, tmp_path):
     """A stage whose entry lacks a library file its work now imports refuses to run, naming the file; for
     the round stages, the entry that lists their code is the `fingerprint` stage's."""
+    from rlpipe.config import load_params
     from rlpipe.errors import PipelineError
     from rlpipe.pipeline import check_stage
 
@@ -126,10 +128,63 @@ def test_a_stale_pipeline_file_stops_the_stage(mini_run, tmp_path):
     pipeline = yaml.safe_load(path.read_text())
     pipeline["stages"]["fingerprint"]["deps"].remove("rlpipe/algorithms/kl.py")
     path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
-    check_stage("advantage", "r1", 2, root)  # the other entries are current
-    check_stage("prepare", None, 2, root)
+    params = load_params(root / "params.yaml")
+    check_stage("advantage", "r1", params, root)  # the other entries are current
+    check_stage("prepare", None, params, root)
     with pytest.raises(PipelineError, match="undeclared: rlpipe/algorithms/kl.py; run `rlpipe pipeline`"):
-        check_stage("fingerprint", None, 2, root)
+        check_stage("fingerprint", None, params, root)
+
+
+def test_local_inputs_named_in_params_are_declared(tmp_path):
+    """What params.yaml points a stage at outside the pipeline's artifacts is a dep of that stage: the data
+    files, a local policy or critic backbone, a process reward model. A hub name is no file."""
+    from rlpipe.config import params_from_dict
+    from rlpipe.pipeline import once_stage, round_stage
+
+    (tmp_path / "models/base").mkdir(parents=True)
+    params = params_from_dict({"data": {"source": "file", "train_file": "data/train.jsonl", "test_file": "/abs/test.jsonl"},
+                               "model": {"path": "models/base"}, "value": {"model": {"path": "Qwen/Qwen2.5-0.5B"}},
+                               "reward": {"process_model": "models/prm"}})
+    synthetic = params_from_dict({})
+    prepare = once_stage("prepare", params, tmp_path)["deps"]
+    assert prepare == [*once_stage("prepare", synthetic, tmp_path)["deps"], "data/train.jsonl", "/abs/test.jsonl"]
+    assert once_stage("init", params, tmp_path)["deps"] == [*once_stage("init", synthetic, tmp_path)["deps"], "models/base"]
+    assert once_stage("value_pretrain", params, tmp_path) == once_stage("value_pretrain", synthetic, tmp_path)
+    # the scorer needs a directory: declared even before it exists, so that DVC names a missing one
+    assert round_stage("reward", 2, params, tmp_path)["deps"][-1] == "models/prm"
+    assert round_stage("reward", 2, synthetic, tmp_path) == round_stage("reward", 2, params_from_dict({}), tmp_path)
+    assert "models/prm" not in round_stage("reward", 2, synthetic, tmp_path)["deps"]
+
+
+def test_a_data_file_edited_in_place_reruns_prepare(tmp_path):
+    """Same name, same params, new content: DVC sees the declared file change and reruns `prepare`, whose
+    splits then hold the new row. Another file named in params.yaml stops the stage until `rlpipe
+    pipeline` declares it."""
+    from rlpipe.config import load_params
+    from rlpipe.errors import PipelineError
+    from rlpipe.pipeline import check_stage
+
+    raw = yaml.safe_load(MINI_PARAMS.read_text())
+    raw["data"] = {"source": "file", "train_file": "data/train.jsonl", "test_file": "data/test.jsonl"}
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    root = make_project(tmp_path / "project", params_file)
+    (root / "data").mkdir()
+    rows = [{"question": f"{a}+{a}=", "answer": str(2 * a)} for a in range(6)]
+    for name, part in (("train", rows[:4]), ("test", rows[4:])):
+        (root / f"data/{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    assert ran_stages(dvc(root, "repro", "prepare")) == ["prepare"]
+    assert "prepare" not in dvc(root, "status", "prepare")
+    with open(root / "data/train.jsonl", "a") as train:
+        train.write(json.dumps({"question": "9+9=", "answer": "18"}) + "\n")
+    assert "modified:           data/train.jsonl" in dvc(root, "status", "prepare")
+    assert ran_stages(dvc(root, "repro", "prepare")) == ["prepare"]
+    assert pq.read_table(root / "runs/data/train.parquet").num_rows == 5
+
+    raw["data"]["train_file"] = "data/more.jsonl"
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(PipelineError, match="undeclared: data/more.jsonl; run `rlpipe pipeline`"):
+        check_stage("prepare", None, load_params(root / "params.yaml"), root)
 
 
 def test_a_stale_fingerprint_stops_the_round_stage(mini_run, tmp_path):
