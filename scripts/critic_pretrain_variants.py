@@ -14,7 +14,8 @@ its own training responses (underfitting or not generalising?). Variant keys: `l
 `target_continuations` (`value.pretrain.target_continuations`; the continuations' means are kept in
 OUT/continuations-K-P.pt, the stage's draws), `backbone` (the critic's starting model, as
 `value.model.path`; default the init policy), `freeze_layers` (N: the embeddings and the first N decoder
-layers stay as the backbone has them; README, The critic's ceiling, measured it).
+layers stay as the backbone has them; README, The critic's ceiling, measured it), `train_fraction` (f: a
+seeded share f of the training prompts, the held-out ones unchanged).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
@@ -71,6 +72,40 @@ def cached_continuation_means(params, samples, cache: Path):
     return means
 
 
+def training_subset(seed: int, samples, fraction: float):
+    """`samples` without a seeded share (1 - fraction) of the training groups, and per kept row its index in
+    `samples`. The held-out groups and the group numbering stay (the last group is never dropped), so
+    value pretraining holds out the same responses and its held-out EV is measured on them as before."""
+    import random
+
+    from rlpipe.train.critic import held_out_groups
+
+    groups = samples[3]
+    n_groups = max(groups) + 1
+    droppable = sorted(set(groups) - held_out_groups(seed, n_groups) - {n_groups - 1})
+    dropped = set(random.Random(f"{seed}:train_fraction").sample(droppable, round((1 - fraction) * len(droppable))))
+    keep = [i for i, g in enumerate(groups) if g not in dropped]
+    return tuple([column[i] for i in keep] for column in samples), keep
+
+
+def subset_means(means_of_all, all_samples, seed: int, keep: list[int]):
+    """`continuation_means` for the rows of a training subset, read from those of all the training rows
+    (the cache holds the stage's draws for them), each trimmed to the subset's longest response."""
+    from rlpipe.train.critic import held_out_groups
+
+    groups = all_samples[3]
+    held_out = held_out_groups(seed, max(groups) + 1)
+    all_train = [i for i, g in enumerate(groups) if g not in held_out]
+    position = {row: k for k, row in enumerate(all_train)}
+
+    def means(rows):
+        full = means_of_all(all_train)
+        width = max(len(all_samples[1][keep[r]]) for r in rows)
+        return full[[position[keep[r]] for r in rows], :width]
+
+    return means
+
+
 def frozen_parameters(critic, layers: int) -> list:
     """The embeddings and the first `layers` decoder layers, left out of the optimizer: what a verifier
     learned there stays as it was (0: nothing frozen)."""
@@ -94,7 +129,13 @@ def main(out: Path, variant: dict) -> None:
     params = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": variant.get("lr", params.value.lr), "pretrain": pretrain})})
     out.mkdir(parents=True, exist_ok=True)
-    samples = cached_samples(params, out / f"samples-{pretrain.prompts}.pkl")
+    all_samples = cached_samples(params, out / f"samples-{pretrain.prompts}.pkl")
+    means = cached_continuation_means(params, all_samples,
+                                      out / f"continuations-{pretrain.target_continuations}-{pretrain.prompts}.pt")
+    samples = all_samples
+    if variant.get("train_fraction", 1) < 1:
+        samples, keep = training_subset(params.seed, all_samples, variant["train_fraction"])
+        means = subset_means(means, all_samples, params.seed, keep)
     prompt_ids, response_ids, rewards, groups = samples
     print(f"{len(response_ids)} responses, mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
 
@@ -130,9 +171,7 @@ def main(out: Path, variant: dict) -> None:
     started = time.perf_counter()
     metrics = critic_training.pretrain_critic(params, prompt_ids, response_ids, torch.tensor(rewards), groups,
                                               Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir,
-                                              continuation_means=cached_continuation_means(
-                                                  params, samples,
-                                                  out / f"continuations-{pretrain.target_continuations}-{pretrain.prompts}.pt"))
+                                              continuation_means=means)
     print(f"{json.dumps(variant)}: held-out EV {metrics['value/explained_variance']:.4f} after {metrics['value/pretrain_steps']} "
           f"steps ({time.perf_counter() - started:.0f} s); every 5 steps {curve}", flush=True)
     if "value/averaged_steps" in metrics:
