@@ -113,11 +113,10 @@ def external_inputs(name: str, params: Params, root: Path = REPO_ROOT) -> list[s
     behind it (keep a local copy to have DVC track the model)."""
     if name == "prepare" and params.data.source == "file":
         return [params.data.train_file, params.data.test_file]  # the config requires both
-    path = {"init": params.model.path, "value_pretrain": params.value.model.path,
-            "reward": params.reward.process_model}.get(name)
-    # the process reward model must be a directory (its scorer refuses anything else): declared as
-    # written, so that a missing one is named by DVC before the stage runs
-    return [path] if local_directory(path, root) or (name == "reward" and path is not None) else []
+    if name == "reward":  # always a directory (its scorer refuses anything else): a missing one, DVC names
+        return [] if params.reward.process_model is None else [params.reward.process_model]
+    path = {"init": params.model.path, "value_pretrain": params.value.model.path}.get(name)
+    return [path] if local_directory(path, root) else []
 
 
 def once_stage(name: str, params: Params, root: Path = REPO_ROOT) -> dict[str, Any]:
