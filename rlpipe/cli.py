@@ -79,11 +79,11 @@ def _pipeline(args) -> int:
         for path in stale:
             print(f"out of date: {path.relative_to(root)}", file=sys.stderr)
         return 1 if stale else 0
-    changed, rounds = write_pipeline(params, root), params.rounds
+    changed = write_pipeline(params, root)
     for path in changed:
         print(f"wrote {path.relative_to(root)}" if path.exists() else f"removed {path.relative_to(root)}")
-    print(f"the pipeline holds {rounds} rounds; nothing else changed" if not changed else
-          f"the pipeline holds {rounds} rounds: commit these files (`git add dvc.yaml rounds params.yaml`)")
+    print(f"the pipeline holds {params.rounds} rounds; nothing else changed" if not changed else
+          f"the pipeline holds {params.rounds} rounds: commit these files (`git add dvc.yaml rounds params.yaml`)")
     return 0
 
 

@@ -150,10 +150,12 @@ def test_local_inputs_named_in_params_are_declared(tmp_path):
     assert prepare == [*once_stage("prepare", synthetic, tmp_path)["deps"], "data/train.jsonl", "/abs/test.jsonl"]
     assert once_stage("init", params, tmp_path)["deps"] == [*once_stage("init", synthetic, tmp_path)["deps"], "models/base"]
     assert once_stage("value_pretrain", params, tmp_path) == once_stage("value_pretrain", synthetic, tmp_path)
+    local_critic = params_from_dict({"value": {"model": {"path": "models/base"}}})
+    assert once_stage("value_pretrain", local_critic, tmp_path)["deps"] == \
+        [*once_stage("value_pretrain", synthetic, tmp_path)["deps"], "models/base"]
     # the scorer needs a directory: declared even before it exists, so that DVC names a missing one
-    assert round_stage("reward", 2, params, tmp_path)["deps"][-1] == "models/prm"
-    assert round_stage("reward", 2, synthetic, tmp_path) == round_stage("reward", 2, params_from_dict({}), tmp_path)
-    assert "models/prm" not in round_stage("reward", 2, synthetic, tmp_path)["deps"]
+    assert round_stage("reward", 2, params, tmp_path)["deps"] == [*round_stage("reward", 2, synthetic, tmp_path)["deps"],
+                                                                  "models/prm"]
 
 
 def test_a_data_file_edited_in_place_reruns_prepare(tmp_path):
