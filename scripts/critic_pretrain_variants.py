@@ -91,11 +91,9 @@ def training_subset(seed: int, samples, fraction: float):
 def subset_means(means_of_all, all_samples, seed: int, keep: list[int]):
     """`continuation_means` for the rows of a training subset, read from those of all the training rows
     (the cache holds the stage's draws for them), each trimmed to the subset's longest response."""
-    from rlpipe.train.critic import held_out_groups
+    from rlpipe.train.critic import split_rows
 
-    groups = all_samples[3]
-    held_out = held_out_groups(seed, max(groups) + 1)
-    all_train = [i for i, g in enumerate(groups) if g not in held_out]
+    all_train = split_rows(seed, all_samples[3])[0]
     position = {row: k for k, row in enumerate(all_train)}
 
     def means(rows):
@@ -182,8 +180,7 @@ def main(out: Path, variant: dict) -> None:
     mask = pad_ragged(response_ids, 0, torch.long)[1]
     returns = critic_training.monte_carlo_returns(torch.tensor(rewards), mask, params.algorithm.resolve().gamma)
     targets = critic_training.ValueTargets(prompt_ids, response_ids, returns, None, mask)
-    held_out = critic_training.held_out_groups(params.seed, max(groups) + 1)
-    train = targets.rows([i for i, g in enumerate(groups) if g not in held_out])
+    train = targets.rows(critic_training.split_rows(params.seed, groups)[0])
     values = critic_training.predict(critic, train, params, tokenizer.pad_token_id)
     print(f"EV on its own training responses {explained_variance(values, train.returns, train.mask):.4f}")
 

@@ -20,7 +20,7 @@ import yaml
 from rlpipe.config.params import params_from_dict
 from rlpipe.models.critic import explained_variance, load_critic
 from rlpipe.models.sequences import pad_ragged
-from rlpipe.train.critic import ValueTargets, held_out_groups, monte_carlo_returns, predict, pretrain_critic
+from rlpipe.train.critic import ValueTargets, monte_carlo_returns, predict, pretrain_critic, split_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,7 @@ def first_token_samples(tokenizer, first_tokens: str, per_group: int):
 
 def held_out_targets(params, prompt, response_ids, rewards, groups) -> ValueTargets:
     """The rows of the groups value pretraining holds out, with their Monte-Carlo returns."""
-    held_out = held_out_groups(params.seed, max(groups) + 1)
-    rows = [i for i, g in enumerate(groups) if g in held_out]
+    rows = split_rows(params.seed, groups)[1]
     mask = pad_ragged([response_ids[i] for i in rows], 0, torch.long)[1]
     returns = monte_carlo_returns(rewards[rows], mask, params.algorithm.resolve().gamma)
     return ValueTargets([prompt] * len(rows), [response_ids[i] for i in rows], returns, None, mask)
@@ -212,8 +211,7 @@ def test_value_pretraining_fits_the_continuations_on_its_training_rows_only(toke
     params = mini_params(max_steps=3, min_explained_variance=1.0, target_continuations=2)
     metrics = pretrain_critic(params, [prompt] * len(response_ids), response_ids, rewards, groups, tiny_model_dir,
                               tmp_path / "critic", continuation_means=means)
-    held_out = held_out_groups(params.seed, max(groups) + 1)
-    assert asked == [i for i, g in enumerate(groups) if g not in held_out]
+    assert asked == split_rows(params.seed, groups)[0]
     assert metrics["value/target_continuations"] == 2
     seen = torch.cat(fitted)
     assert sorted(set(seen.tolist())) == pytest.approx([1 / 3, 2 / 3])  # (0 + 1) / 3, (1 + 1) / 3; never 0 or 1

@@ -189,6 +189,13 @@ def held_out_groups(seed: int, n_groups: int) -> set[int]:
     return set(random.Random(f"{seed}:value_holdout").sample(range(n_groups), max(1, n_groups // 4)))
 
 
+def split_rows(seed: int, groups: list[int]) -> tuple[list[int], list[int]]:
+    """(training rows, held-out rows) of value pretraining, for rows whose groups are numbered from 0: the
+    held-out rows are those of `held_out_groups(seed, max(groups) + 1)`."""
+    held_out = held_out_groups(seed, max(groups) + 1)
+    return [i for i, g in enumerate(groups) if g not in held_out], [i for i, g in enumerate(groups) if g in held_out]
+
+
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
                     groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None,
                     continuation_means=None, eval_every: int = EVAL_EVERY) -> dict:
@@ -201,10 +208,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     cfg = params.value.pretrain
     mask = pad_ragged(response_ids, 0, torch.long)[1]
     returns = monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma)
-    n_groups = max(groups) + 1
-    held_out = held_out_groups(params.seed, n_groups)
-    train_idx = [i for i, g in enumerate(groups) if g not in held_out]
-    eval_rows = [i for i, g in enumerate(groups) if g in held_out]
+    train_idx, eval_rows = split_rows(params.seed, groups)
     eval_targets = ValueTargets(prompt_ids, response_ids, returns, None, mask).rows(eval_rows)
     sampled = {}
     if cfg.target_continuations:  # the training rows' targets only: the held-out EV stays against the returns
