@@ -14,7 +14,7 @@ its own training responses (underfitting or not generalising?). Variant keys: `l
 `target_continuations` (`value.pretrain.target_continuations`; the continuations' means are kept in
 OUT/continuations-K-P.pt, the stage's draws), `backbone` (the critic's starting model, as
 `value.model.path`; default the init policy), `freeze_layers` (N: the embeddings and the first N decoder
-layers stay as the backbone has them; README, The critic's ceiling, measured it), `train_fraction` (f: a
+layers stay as the backbone has them; docs/critic.md measured it), `train_fraction` (f: a
 seeded share f of the training prompts, the held-out ones unchanged).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
@@ -152,7 +152,7 @@ def main(out: Path, variant: dict) -> None:
         return torch.optim.AdamW([
             {"params": [p for p in critic.parameters() if id(p) not in head | frozen], "lr": params.value.lr},
             {"params": list(critic.score.parameters()), "lr": variant.get("head_lr", params.value.lr)}],
-            # torch's default, with which every figure in README was made; the stage's optimizer
+            # torch's default, with which every figure in docs/critic.md was made; the stage's optimizer
             # (`make_critic_optimizer`) has none. At lr 3e-4 it shrinks the weights by 0.2% over 600 steps.
             weight_decay=0.01)
 

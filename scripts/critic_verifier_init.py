@@ -4,7 +4,7 @@
     python scripts/critic_verifier_init.py OUT '{"prompts": 8192, "steps": 600, "lr": 0.001}'
     python scripts/critic_pretrain_variants.py OUT2 '{"backbone": "OUT/verifier"}'
 
-Three quarters of the critic's ceiling on addition lie in one check (README, "The critic's ceiling"):
+Three quarters of the critic's ceiling on addition lie in one check (docs/critic.md):
 is the sum written so far right? The policy's own samples teach it badly: 14% of them are right, and
 4,096 rows leave the check unlearnt. This script trains that check first, on data it makes itself: for
 `prompts` train prompts (at most the split's), the right sum and a near miss (one digit changed), each

@@ -554,7 +554,7 @@ class ValuePretrainConfig(Section):
     on 2 cores) took the critic from 0.02 to 0.63 of its ceiling; on reasoning, 4,000 steps and then
     value pretraining of 300 steps at `value.lr` 3e-4 on 2,048 prompts took it from 0.44 to 0.71 on seed 0,
     and to 0.55 and 0.69 on seeds 1 and 2; on another CPU the three seeds gave 0.66, 0.60 and 0.73
-    (README, The critic's ceiling). A `value.lr` of 1e-3 after it
+    (docs/critic.md). A `value.lr` of 1e-3 after it
     undoes part of the check."""
     verifier_prompts: int = Field(8192, ge=1)
     """Train prompts of the verifier phase (at most the split's), each with its sum and a near miss."""
@@ -566,15 +566,14 @@ class ValuePretrainConfig(Section):
     """Value pretraining's learning rate over its `max_steps`: `constant` (`value.lr`) or `cosine` (at step
     k of n, value.lr (1 + cos(pi k / n)) / 2: down towards 0 at the last step, so that the critic written
     is not one noisy step of a constant-rate walk). On the reasoning task (one seed, after the verifier
-    phase) its gain was within the spread between two draws of the batches (README, The critic's
-    ceiling)."""
+    phase) its gain was within the spread between two draws of the batches (docs/critic.md)."""
     average_from: Optional[float] = Field(None, ge=0, lt=1)
     """Write the uniform average of the critic's weights over the steps after this fraction of `max_steps`
     (0.5: the last half) instead of the last step's weights; null = the last step's. At a constant rate the
     held-out explained variance wanders on a plateau, and the average of that walk predicts better than
     any one step of it. On the reasoning task, after the verifier phase, 0.5 moved the critic's fraction
     of its ceiling by +0.04 and +0.01 (seed 1, two draws of the batches), +0.00 (seed 0) and +0.02
-    (seed 2): a small gain, never a loss (README, The critic's ceiling). The held-out EV and the oracle
+    (seed 2): a small gain, never a loss (docs/critic.md). The held-out EV and the oracle
     are then the averaged critic's; early stopping still reads the last step's, and a run stopped before
     the average starts writes the last step's weights. The verifier phase does not average."""
     target_continuations: int = Field(0, ge=0)
@@ -584,8 +583,7 @@ class ValuePretrainConfig(Section):
     0 = the return alone. The continuations are drawn and scored as the oracle's (`value.oracle_ev`) and
     cost K x (response length) generations per training response. On the reasoning task, after the verifier
     phase, K = 2 over 2,048 prompts took 13-19 minutes at one thread beside another job and moved the
-    critic's fraction of its ceiling by +0.01 to +0.02 on three seeds, never down (README, The critic's
-    ceiling). Needs `algorithm.gamma` 1 (their rewards are not discounted). The held-out EV is still
+    critic's fraction of its ceiling by +0.01 to +0.02 on three seeds, never down (docs/critic.md). Needs `algorithm.gamma` 1 (their rewards are not discounted). The held-out EV is still
     taken against the returns."""
 
 
