@@ -228,3 +228,59 @@ def test_continuation_targets_need_undiscounted_returns():
     with pytest.raises(ParamsError, match="value.pretrain.target_continuations.*algorithm.gamma 1"):
         params_from_dict({"algorithm": {"preset": "ppo", "gamma": 0.99}, "value": {"pretrain": {"target_continuations": 2}}})
     assert params_from_dict({"algorithm": {"preset": "ppo"}}).value.pretrain.target_continuations == 0
+
+
+def test_the_process_labels_hold_while_the_text_is_the_start_of_a_right_response():
+    """One label per state (the state before each token, eos included): 1 while the text written so far
+    begins a right response, 0 from the first token that leaves them all, and 0 after it for good. Special
+    tokens count as the verifier reads them: not at all."""
+    from rlpipe.data.tasks import right_responses, task_alphabet
+    from rlpipe.models.tokenizer import build_char_tokenizer
+    from rlpipe.train.critic import on_track_labels
+
+    tokenizer = build_char_tokenizer(task_alphabet("reasoning"))
+
+    right = right_responses("88", "26+40=66;66+22=88;#88", "reasoning")
+    assert right == ["#88", "26+40=66;66+22=88;#88"]
+    assert right_responses("57", "", "addition") == ["57"]
+
+    def labels(text: str, extra: list[int] = ()) -> list[float]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return on_track_labels(right, [*ids[:2], *extra, *ids[2:], tokenizer.eos_token_id], tokenizer)
+
+    assert labels("26+40=66;66+22=88;#88") == [1.0] * 22
+    slip = "26+40=66;66+22=78;#78"  # the state before the "7" is still on track, the one after it is not
+    assert labels(slip) == [1.0] * 16 + [0.0] * 6
+    assert labels("#88") == [1.0] * 4 and labels("#87") == [1.0] * 3 + [0.0]
+    assert labels("#8") == [1.0] * 3  # a right start stopped early: its outcome is the eos token's to decide
+    assert labels("56+40") == [1.0] + [0.0] * 5  # an operand copied wrong
+    assert labels("26+40=66;#88") == [1.0] * 10 + [0.0] * 3  # leaves the steps for a bare answer midway
+    assert labels("#88", extra=[tokenizer.pad_token_id]) == [1.0] * 5
+
+
+def test_the_process_phase_fits_its_labels_at_its_own_rate(tokenizer, tiny_model_dir, tmp_path, monkeypatch):
+    """`pretrain_process`: value pretraining's loop fits each state's label (not the return of the row's
+    reward) at `process_lr` for `process_steps` steps, without early stopping or averaging."""
+    import rlpipe.train.critic as critic_training
+
+    prompt, response_ids, _, groups = first_token_samples(tokenizer, "73" * 16, per_group=4)
+    labels = {"7": [1.0, 1.0], "3": [1.0, 0.0]}
+    row_labels = [labels[tokenizer.decode(r[:1])] for r in response_ids]
+    monkeypatch.setattr(critic_training, "process_rows",
+                        lambda params, backend, held_out: ([prompt] * len(response_ids), response_ids, row_labels, groups))
+    fitted, rates = [], []
+    real_step = critic_training.value_step
+
+    def recording_step(critic, optimizer, targets, *args, **kwargs):
+        fitted.extend((tokenizer.decode(r[:1]), t[:2].tolist()) for r, t in zip(targets.response_ids, targets.returns))
+        rates.append(optimizer.param_groups[0]["lr"])
+        return real_step(critic, optimizer, targets, *args, **kwargs)
+
+    monkeypatch.setattr(critic_training, "value_step", recording_step)
+    params = mini_params(max_steps=9, average_from=0.5, process_steps=3, process_lr=0.002)
+    metrics = critic_training.pretrain_process(params, None, set(), tiny_model_dir, tmp_path / "process")
+    assert rates == [0.002] * 3 and metrics["value/process_steps"] == 3
+    assert fitted and all(target == labels[first] for first, target in fitted)
+    assert metrics["value/process_rows"] == 32 and metrics["value/process_on_track_share"] == 0.75
+    assert (tmp_path / "process" / "model.safetensors").is_file()
+

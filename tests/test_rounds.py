@@ -336,6 +336,43 @@ def test_value_pretraining_on_continuation_targets_samples_them_through_the_stag
     assert any(not torch.equal(critics[0][k], critics[2][k]) for k in critics[0])
 
 
+def test_the_process_phase_runs_in_the_stage_on_prompts_value_pretraining_does_not_hold_out(workspace,
+                                                                                              monkeypatch):
+    """`value.pretrain.process_steps`: the init policy answers every train prompt but value pretraining's
+    held-out ones, the critic learns their labels, then value pretraining starts from it; its figures are in
+    the stage's metrics and nothing of it is left in runs/."""
+    from safetensors.torch import load_file
+
+    from rlpipe.stages.value_pretrain import held_out_prompts
+
+    critics = {}
+    for steps in (0, 2):
+        work, metrics = value_pretrain_in_a_copy(workspace, monkeypatch, f"process-{steps}", max_steps=2,
+                                                 process_steps=steps, process_samples=2)
+        assert ("value/process_explained_variance" in metrics) == bool(steps)
+        critics[steps] = load_file(work / paths.critic_dir("r0") / "model.safetensors")
+        assert [p.name for p in (work / "runs" / "critic").iterdir()] == ["r0"]
+        assert not [p for p in work.rglob("*process*")]
+    params = mini_params(**{"algorithm.preset": "ppo"})
+    held_out = held_out_prompts(params)
+    assert len(held_out) == MINI["value"]["pretrain"]["prompts"] // 4
+    assert metrics["value/process_steps"] == 2
+    train = artifacts.read_parquet(paths.TRAIN, columns=["prompt"]).column("prompt").to_pylist()
+    assert len(train) == MINI["data"]["num_train"] and held_out <= set(train)
+    assert metrics["value/process_rows"] == 2 * sum(prompt not in held_out for prompt in train)
+    assert 0 < metrics["value/process_on_track_share"] < 1
+    assert any(not torch.equal(critics[0][k], critics[2][k]) for k in critics[0])
+
+
+def test_the_process_phase_refuses_data_without_right_responses():
+    from rlpipe.errors import PipelineError
+
+    with pytest.raises(PipelineError, match="value.pretrain.process_steps"):
+        params_from_dict({"data": {"source": "file", "train_file": "a.jsonl", "test_file": "b.jsonl"},
+                          "value": {"pretrain": {"process_steps": 10}}})
+    params_from_dict({"data": {"task": "chain"}, "value": {"pretrain": {"process_steps": 10}}})
+
+
 def test_the_verifier_rows_of_the_reasoning_task_slip_once_and_carry_the_slip():
     """Reasoning: the right solution; the same with one running sum wrong by a digit and every later step
     adding correctly to it, so the marked answer is wrong; then the marked answer alone and a near miss."""

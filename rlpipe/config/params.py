@@ -83,6 +83,11 @@ class Params(Section):
                                                               f"sums: data.source 'synthetic' with data.task "
                                                               f"'addition' or 'reasoning' only (got "
                                                               f"{self.data.source!r}, {self.data.task!r}); set it to 0")
+        if self.value.pretrain.process_steps and self.data.source != "synthetic":
+            raise KeyedError("value.pretrain.process_steps", f"the process phase labels each state against the "
+                                                             f"right responses of a synthetic task: needs "
+                                                             f"data.source 'synthetic' (got {self.data.source!r}); "
+                                                             f"set it to 0")
         if self.value.pretrain.target_continuations and algo.gamma != 1:
             raise KeyedError("value.pretrain.target_continuations", f"the continuations' rewards are not "
                                                                     f"discounted: needs algorithm.gamma 1 (got "

@@ -562,6 +562,19 @@ class ValuePretrainConfig(Section):
     """Learning rate of the verifier phase, backbone and head."""
     verifier_lr_schedule: PretrainLRScheduleName = "constant"
     """The verifier phase's learning rate over its steps, as `lr_schedule` (from `verifier_lr`)."""
+    process_steps: int = Field(0, ge=0)
+    """Steps of a process phase after the verifier phase, before value pretraining (synthetic tasks; 0 =
+    off). The init policy answers the train prompts (value pretraining's held-out ones left out),
+    `process_samples` responses each, and every state is labelled 1 while the text written so far is the
+    start of a right response (on reasoning: the running sums, or the marked answer alone) and 0 from the
+    first token that leaves them all: whether the sums written so far are right, on the policy's own
+    slips rather than the verifier phase's made-up ones. The critic is fit to those labels in value
+    pretraining's loop at `process_lr`, then value pretraining starts from it. On reasoning, 1,000 steps
+    after a 4,000-step verifier phase (about 14 minutes at one thread) measured in docs/critic.md."""
+    process_samples: int = Field(4, ge=1)
+    """Responses of the init policy to each train prompt in the process phase."""
+    process_lr: float = Field(0.0003, gt=0)
+    """Learning rate of the process phase, backbone and head (constant)."""
     lr_schedule: PretrainLRScheduleName = "constant"
     """Value pretraining's learning rate over its `max_steps`: `constant` (`value.lr`) or `cosine` (at step
     k of n, value.lr (1 + cos(pi k / n)) / 2: down towards 0 at the last step, so that the critic written

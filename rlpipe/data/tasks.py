@@ -177,3 +177,9 @@ def target_text(answer: str, meta: str, task: str, with_steps: bool = True) -> s
     if task == "reasoning":
         return meta if with_steps else f"{ANSWER_MARKER}{answer}"
     return answer
+
+
+def right_responses(answer: str, meta: str, task: str) -> list[str]:
+    """Every response a perfect policy may write to one prompt: `target_text` with and without steps (on
+    `reasoning` the running sums and the marked answer alone; one response on the other tasks)."""
+    return sorted({target_text(answer, meta, task, with_steps) for with_steps in (True, False)})

@@ -4,8 +4,9 @@ Samples `value.pretrain.prompts` prompts x M responses from the init policy thro
 rollout backend, verifies them, and fits a fresh value head to their Monte-Carlo returns
 (`rlpipe.train.critic.pretrain_critic`), or to their mean with continuations sampled from each state
 (`value.pretrain.target_continuations`); with `value.pretrain.verifier_steps`, from a critic that first
-learnt to check sums (`pretrain_verifier`, kept in a temporary directory). Critic-free presets get a
-small marker file and no model load.
+learnt to check sums (`pretrain_verifier`, kept in a temporary directory), and with
+`value.pretrain.process_steps` from one that then learnt the check on the init policy's own responses
+(`pretrain_process`). Critic-free presets get a small marker file and no model load.
 """
 
 from __future__ import annotations
@@ -63,12 +64,21 @@ def pretraining_samples(params, backend) -> PretrainingSamples:
                               groups.per_row(list(range(len(prompts["prompt"])))), answers, metas)
 
 
+def held_out_prompts(params) -> set[str]:
+    """The prompts whose responses value pretraining holds out (`held_out_groups`; group k is prompt k): no
+    phase before it trains on them, so its held-out EV stays a measure on unseen prompts."""
+    from rlpipe.train.critic import held_out_groups
+
+    texts = pretraining_prompts(params, params.value.pretrain.prompts)["prompt"]
+    return {texts[g] for g in held_out_groups(params.seed, len(texts))}
+
+
 def value_pretrain(ctx) -> dict:
     params = ctx.params
     if not params.algorithm.resolve().needs_critic:
         return write_no_critic_marker(paths.critic_dir("r0"), params.algorithm.preset)
     torch = ctx.init_torch()
-    from rlpipe.train.critic import pretrain_critic, pretrain_verifier
+    from rlpipe.train.critic import pretrain_critic, pretrain_process, pretrain_verifier
 
     backend = rollout_backend(ctx.models, paths.policy_dir("r0"), params.rollout, params.model.dtype)
     samples = pretraining_samples(params, backend)
@@ -86,11 +96,15 @@ def value_pretrain(ctx) -> dict:
         return continuation_means(params, backend, *picked(rows), params.value.pretrain.target_continuations,
                                   stream=MC_TARGETS_STREAM)[0]
     with tempfile.TemporaryDirectory(prefix="rlpipe-verifier-") as scratch:
-        verifier = {}
+        verifier, process = {}, {}
         if params.value.pretrain.verifier_steps:  # the critic starts as a verifier, an intermediate model only
             verifier = pretrain_verifier(params, Path(backbone), paths.TRAIN, Path(scratch) / "verifier")
             backbone = Path(scratch) / "verifier"
+        if params.value.pretrain.process_steps:  # then learns the check on the policy's own responses
+            process = pretrain_process(params, backend, held_out_prompts(params), Path(backbone),
+                                       Path(scratch) / "process")
+            backbone = Path(scratch) / "process"
         metrics = pretrain_critic(params, samples.prompt_ids, samples.response_ids, torch.tensor(samples.rewards),
                                   samples.groups, backbone, paths.critic_dir("r0"), ctx.tracker, ctx.models,
                                   oracle if params.value.oracle_ev.continuations else None, means)
-    return {**metrics, **verifier}
+    return {**metrics, **verifier, **process}

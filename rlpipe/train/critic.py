@@ -198,16 +198,18 @@ def split_rows(seed: int, groups: list[int]) -> tuple[list[int], list[int]]:
 
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
                     groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None,
-                    continuation_means=None, eval_every: int = EVAL_EVERY) -> dict:
+                    continuation_means=None, eval_every: int = EVAL_EVERY, state_targets=None) -> dict:
     """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
     `groups`, one group per prompt) and write the round-0 critic to `out_dir`. `oracle(rows, returns,
     values, mask)`, when given, measures the critic's ceiling on the held-out rows its EV is taken on.
     `continuation_means(rows)`, needed with `value.pretrain.target_continuations`, gives the (len(rows), W)
     mean reward of that many continuations from each state of the training rows (`blend_continuations`).
-    The held-out EV is taken every `eval_every` steps and after the last; evaluating changes no weight."""
+    The held-out EV is taken every `eval_every` steps and after the last; evaluating changes no weight.
+    `state_targets` (B, T), when given, are fit in place of the returns of `rewards` (the process phase)."""
     cfg = params.value.pretrain
     mask = pad_ragged(response_ids, 0, torch.long)[1]
-    returns = monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma)
+    returns = (monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma) if state_targets is None
+               else state_targets)
     train_idx, eval_rows = split_rows(params.seed, groups)
     eval_targets = ValueTargets(prompt_ids, response_ids, returns, None, mask).rows(eval_rows)
     sampled = {}
@@ -347,3 +349,66 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
                               eval_every=max(EVAL_EVERY, cfg.verifier_steps // 20))
     return {"value/verifier_explained_variance": metrics["value/explained_variance"],
             "value/verifier_steps": metrics["value/pretrain_steps"], "value/verifier_rows": len(response_ids)}
+
+
+# --- the process phase (value.pretrain.process_steps) -----------------------------------------------------
+PROCESS_STREAM = "process_rows"
+
+
+def on_track_labels(right: list[str], response_ids: list[int], tokenizer) -> list[float]:
+    """One label per state of a response (the state before each of its tokens, eos included): 1 while the
+    text written so far is the start of one of the `right` responses, 0 from the first token that leaves
+    them all (a longer text cannot return to them)."""
+    labels: list[float] = []
+    for written in range(len(response_ids)):
+        if labels and labels[-1] == 0.0:  # off track for good: skip the decoding
+            labels.append(0.0)
+            continue
+        text = tokenizer.decode(response_ids[:written], skip_special_tokens=True)
+        labels.append(float(any(r.startswith(text) for r in right)))
+    return labels
+
+
+def process_rows(params: Params, backend, held_out_prompts: set[str]):
+    """(prompt_ids, response_ids, labels, groups): `value.pretrain.process_samples` responses of `backend`
+    (the init policy) to each train prompt not in `held_out_prompts`, sampled as the rounds sample, each
+    labelled state by state by `on_track_labels` against the prompt's `right_responses`."""
+    from rlpipe.data.splits import read_prompts
+    from rlpipe.data.tasks import right_responses
+    from rlpipe.rollout.base import SamplingSpec
+    from rlpipe.rollout.generate import generate_groups
+
+    table = read_prompts(paths.TRAIN).to_pydict()
+    kept = [i for i, prompt in enumerate(table["prompt"]) if prompt not in held_out_prompts]
+    cfg = params.rollout
+    sampled = generate_groups(backend, [table["prompt"][i] for i in kept], [table["prompt_id"][i] for i in kept],
+                              greedy_pattern=[False] * params.value.pretrain.process_samples, stream=PROCESS_STREAM,
+                              seed=params.seed, spec=SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k,
+                                                                  cfg.top_p),
+                              data=params.data, desc="process phase: sample")
+    groups = sampled.per_row(list(range(len(kept))))
+    response_ids = sampled.output.response_ids
+    labels = [on_track_labels(right_responses(table["answer"][kept[g]], table["meta"][kept[g]], params.data.task),
+                              response, backend.tokenizer) for g, response in zip(groups, response_ids)]
+    return sampled.prompt_ids, response_ids, labels, groups
+
+
+def pretrain_process(params: Params, backend, held_out_prompts: set[str], backbone: Path, out_dir: Path) -> dict:
+    """The process phase: value pretraining's loop (`pretrain_critic`, a quarter of its prompts held out) on
+    `process_rows`' labels, at `process_lr` for `process_steps` steps without early stopping, from
+    `backbone`; value pretraining then starts from the critic written to `out_dir`. Returns its held-out
+    explained variance (of the labels), steps, rows and the share of states on track."""
+    cfg = params.value.pretrain
+    phase = params.model_copy(update={"value": params.value.model_copy(update={
+        "lr": cfg.process_lr,
+        "pretrain": cfg.model_copy(update={"max_steps": cfg.process_steps, "min_explained_variance": 1.0,
+                                           "lr_schedule": "constant", "average_from": None,
+                                           "target_continuations": 0})})})
+    prompt_ids, response_ids, labels, groups = process_rows(params, backend, held_out_prompts)
+    targets = pad_ragged(labels, 0.0, torch.float32)[0]
+    metrics = pretrain_critic(phase, prompt_ids, response_ids, None, groups, backbone, out_dir,
+                              eval_every=max(EVAL_EVERY, cfg.process_steps // 20), state_targets=targets)
+    states = sum(len(row) for row in labels)
+    return {"value/process_explained_variance": metrics["value/explained_variance"],
+            "value/process_steps": metrics["value/pretrain_steps"], "value/process_rows": len(response_ids),
+            "value/process_on_track_share": sum(sum(row) for row in labels) / states}
