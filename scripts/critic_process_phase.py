@@ -7,12 +7,13 @@
 
 The verifier phase teaches the critic to check sums on rows it makes up: a right solution against one
 slip. The policy slips otherwise: it copies an operand wrong, misses a carry, slips twice, or writes
-wrong running sums under a right answer. This runs the library's `rlpipe.train.critic.pretrain_process`,
-which `value.pretrain.process_steps` runs in the pipeline: the init policy (runs/policy/r0) answers the
-train prompts, `samples` responses each (value pretraining's held-out prompts left out), every state is
-labelled 1 while the text so far is the start of a right response and 0 after, and the critic is fit to
-those labels from BACKBONE (a verifier, or the init policy) for `steps` steps at `lr`. OUT/process is
-then a critic checkpoint for `critic_pretrain_variants.py`'s `backbone`. Nothing under runs/ changes.
+wrong running sums under a right answer. This runs what `value.pretrain.process_steps` runs in the
+pipeline: `process_rows` (rlpipe/stages/value_pretrain.py) has the init policy (runs/policy/r0) answer
+the train prompts, `samples` responses each (value pretraining's held-out prompts left out), every state
+labelled 1 while the text so far is the start of a right response and 0 after; then
+`rlpipe.train.critic.pretrain_process` fits the critic to those labels from BACKBONE (a verifier, or the
+init policy) for `steps` steps at `lr`. OUT/process is then a critic checkpoint for
+`critic_pretrain_variants.py`'s `backbone`. Nothing under runs/ changes.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rlpipe.config import load_params
 def main(out: Path, backbone: Path, variant: dict) -> None:
     from rlpipe.models.store import ModelStore
     from rlpipe.rollout import rollout_backend
-    from rlpipe.stages.value_pretrain import held_out_prompts
+    from rlpipe.stages.value_pretrain import process_rows
     from rlpipe.train.critic import pretrain_process
 
     params = load_params()
@@ -41,7 +42,7 @@ def main(out: Path, backbone: Path, variant: dict) -> None:
     backend = rollout_backend(ModelStore(), paths.policy_dir("r0"), params.rollout, params.model.dtype)
     torch.manual_seed(params.seed)
     started = time.perf_counter()
-    metrics = pretrain_process(params, backend, held_out_prompts(params), backbone, out / "process")
+    metrics = pretrain_process(params, *process_rows(params, backend), backbone, out / "process")
     print(f"{json.dumps(variant)} from {backbone}: held-out EV on the labels "
           f"{metrics['value/process_explained_variance']:.4f} after {metrics['value/process_steps']} steps, "
           f"{metrics['value/process_rows']} rows, {metrics['value/process_on_track_share']:.3f} of the states on "

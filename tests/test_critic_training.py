@@ -266,8 +266,6 @@ def test_the_process_phase_fits_its_labels_at_its_own_rate(tokenizer, tiny_model
     prompt, response_ids, _, groups = first_token_samples(tokenizer, "73" * 16, per_group=4)
     labels = {"7": [1.0, 1.0], "3": [1.0, 0.0]}
     row_labels = [labels[tokenizer.decode(r[:1])] for r in response_ids]
-    monkeypatch.setattr(critic_training, "process_rows",
-                        lambda params, backend, held_out: ([prompt] * len(response_ids), response_ids, row_labels, groups))
     fitted, rates = [], []
     real_step = critic_training.value_step
 
@@ -278,7 +276,8 @@ def test_the_process_phase_fits_its_labels_at_its_own_rate(tokenizer, tiny_model
 
     monkeypatch.setattr(critic_training, "value_step", recording_step)
     params = mini_params(max_steps=9, average_from=0.5, process_steps=3, process_lr=0.002)
-    metrics = critic_training.pretrain_process(params, None, set(), tiny_model_dir, tmp_path / "process")
+    metrics = critic_training.pretrain_process(params, [prompt] * len(response_ids), response_ids, row_labels, groups,
+                                               tiny_model_dir, tmp_path / "process")
     assert rates == [0.002] * 3 and metrics["value/process_steps"] == 3
     assert fitted and all(target == labels[first] for first, target in fitted)
     assert metrics["value/process_rows"] == 32 and metrics["value/process_on_track_share"] == 0.75

@@ -24,6 +24,7 @@ from rlpipe.rewards.shaping import overlong_penalty
 
 STREAM = "value_pretrain"
 MC_TARGETS_STREAM = "mc_targets"  # the continuations of `value.pretrain.target_continuations`
+PROCESS_STREAM = "process_rows"  # the responses of the process phase (`value.pretrain.process_steps`)
 
 
 @dataclass
@@ -73,6 +74,31 @@ def held_out_prompts(params) -> set[str]:
     return {texts[g] for g in held_out_groups(params.seed, len(texts))}
 
 
+def process_rows(params, backend):
+    """(prompt_ids, response_ids, labels, groups): `value.pretrain.process_samples` responses of `backend`
+    (the init policy) to each train prompt that value pretraining does not hold out, sampled as the rounds
+    sample, each labelled state by state (`on_track_labels`) against the prompt's `right_responses`."""
+    from rlpipe.data.tasks import right_responses
+    from rlpipe.rollout.base import SamplingSpec
+    from rlpipe.rollout.generate import generate_groups
+    from rlpipe.train.critic import on_track_labels
+
+    table = read_prompts(paths.TRAIN).to_pydict()
+    held_out = held_out_prompts(params)
+    kept = [i for i, prompt in enumerate(table["prompt"]) if prompt not in held_out]
+    cfg = params.rollout
+    sampled = generate_groups(backend, [table["prompt"][i] for i in kept], [table["prompt_id"][i] for i in kept],
+                              greedy_pattern=[False] * params.value.pretrain.process_samples, stream=PROCESS_STREAM,
+                              seed=params.seed, spec=SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k,
+                                                                  cfg.top_p),
+                              data=params.data, desc="process phase: sample")
+    groups = sampled.per_row(list(range(len(kept))))
+    response_ids = sampled.output.response_ids
+    labels = [on_track_labels(right_responses(table["answer"][kept[g]], table["meta"][kept[g]], params.data.task),
+                              response, backend.tokenizer) for g, response in zip(groups, response_ids)]
+    return sampled.prompt_ids, response_ids, labels, groups
+
+
 def value_pretrain(ctx) -> dict:
     params = ctx.params
     if not params.algorithm.resolve().needs_critic:
@@ -101,7 +127,7 @@ def value_pretrain(ctx) -> dict:
             verifier = pretrain_verifier(params, Path(backbone), paths.TRAIN, Path(scratch) / "verifier")
             backbone = Path(scratch) / "verifier"
         if params.value.pretrain.process_steps:  # then learns the check on the policy's own responses
-            process = pretrain_process(params, backend, held_out_prompts(params), Path(backbone),
+            process = pretrain_process(params, *process_rows(params, backend), Path(backbone),
                                        Path(scratch) / "process")
             backbone = Path(scratch) / "process"
         metrics = pretrain_critic(params, samples.prompt_ids, samples.response_ids, torch.tensor(samples.rewards),

@@ -352,9 +352,6 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
 
 
 # --- the process phase (value.pretrain.process_steps) -----------------------------------------------------
-PROCESS_STREAM = "process_rows"
-
-
 def on_track_labels(right: list[str], response_ids: list[int], tokenizer) -> list[float]:
     """One label per state of a response (the state before each of its tokens, eos included): 1 while the
     text written so far is the start of one of the `right` responses, 0 from the first token that leaves
@@ -369,42 +366,19 @@ def on_track_labels(right: list[str], response_ids: list[int], tokenizer) -> lis
     return labels
 
 
-def process_rows(params: Params, backend, held_out_prompts: set[str]):
-    """(prompt_ids, response_ids, labels, groups): `value.pretrain.process_samples` responses of `backend`
-    (the init policy) to each train prompt not in `held_out_prompts`, sampled as the rounds sample, each
-    labelled state by state by `on_track_labels` against the prompt's `right_responses`."""
-    from rlpipe.data.splits import read_prompts
-    from rlpipe.data.tasks import right_responses
-    from rlpipe.rollout.base import SamplingSpec
-    from rlpipe.rollout.generate import generate_groups
-
-    table = read_prompts(paths.TRAIN).to_pydict()
-    kept = [i for i, prompt in enumerate(table["prompt"]) if prompt not in held_out_prompts]
-    cfg = params.rollout
-    sampled = generate_groups(backend, [table["prompt"][i] for i in kept], [table["prompt_id"][i] for i in kept],
-                              greedy_pattern=[False] * params.value.pretrain.process_samples, stream=PROCESS_STREAM,
-                              seed=params.seed, spec=SamplingSpec(cfg.max_new_tokens, cfg.temperature, cfg.top_k,
-                                                                  cfg.top_p),
-                              data=params.data, desc="process phase: sample")
-    groups = sampled.per_row(list(range(len(kept))))
-    response_ids = sampled.output.response_ids
-    labels = [on_track_labels(right_responses(table["answer"][kept[g]], table["meta"][kept[g]], params.data.task),
-                              response, backend.tokenizer) for g, response in zip(groups, response_ids)]
-    return sampled.prompt_ids, response_ids, labels, groups
-
-
-def pretrain_process(params: Params, backend, held_out_prompts: set[str], backbone: Path, out_dir: Path) -> dict:
-    """The process phase: value pretraining's loop (`pretrain_critic`, a quarter of its prompts held out) on
-    `process_rows`' labels, at `process_lr` for `process_steps` steps without early stopping, from
-    `backbone`; value pretraining then starts from the critic written to `out_dir`. Returns its held-out
-    explained variance (of the labels), steps, rows and the share of states on track."""
+def pretrain_process(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]],
+                     labels: list[list[float]], groups: list[int], backbone: Path, out_dir: Path) -> dict:
+    """The process phase: value pretraining's loop (`pretrain_critic`, a quarter of the groups held out) on
+    the responses' state labels (`on_track_labels`, one list per response; the stage's `process_rows`),
+    at `process_lr` for `process_steps` steps without early stopping, from `backbone`; value pretraining
+    then starts from the critic written to `out_dir`. Returns its held-out explained variance (of the
+    labels), steps, rows and the share of states on track."""
     cfg = params.value.pretrain
     phase = params.model_copy(update={"value": params.value.model_copy(update={
         "lr": cfg.process_lr,
         "pretrain": cfg.model_copy(update={"max_steps": cfg.process_steps, "min_explained_variance": 1.0,
                                            "lr_schedule": "constant", "average_from": None,
                                            "target_continuations": 0})})})
-    prompt_ids, response_ids, labels, groups = process_rows(params, backend, held_out_prompts)
     targets = pad_ragged(labels, 0.0, torch.float32)[0]
     metrics = pretrain_critic(phase, prompt_ids, response_ids, None, groups, backbone, out_dir,
                               eval_every=max(EVAL_EVERY, cfg.process_steps // 20), state_targets=targets)
