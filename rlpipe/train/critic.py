@@ -310,6 +310,17 @@ def verifier_texts(task: str, prompt: str, answer: str, rng: random.Random) -> l
             (f"{ANSWER_MARKER}{answer}", 1.0), (f"{ANSWER_MARKER}{near_miss(answer, rng)}", 0.0)]
 
 
+def phase_params(params: Params, lr: float, steps: int, schedule: str) -> Params:
+    """`params` for a phase before value pretraining that runs its loop: `steps` steps at `lr` on
+    `schedule`, without early stopping, weight averaging or continuation targets (a phase's labels are
+    exact, and its last step is what the next phase starts from)."""
+    cfg = params.value.pretrain
+    return params.model_copy(update={"value": params.value.model_copy(update={
+        "lr": lr, "pretrain": cfg.model_copy(update={"max_steps": steps, "min_explained_variance": 1.0,
+                                                     "lr_schedule": schedule, "average_from": None,
+                                                     "target_continuations": 0})})})
+
+
 def verifier_rows(params: Params, tokenizer, train_path: Path):
     """(prompt_ids, response_ids, rewards, groups): `value.pretrain.verifier_prompts` train prompts (a seeded
     sample), each with its `verifier_texts` then eos."""
@@ -337,11 +348,7 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
     from transformers import AutoTokenizer
 
     cfg = params.value.pretrain
-    phase = params.model_copy(update={"value": params.value.model_copy(update={
-        "lr": cfg.verifier_lr,
-        "pretrain": cfg.model_copy(update={"max_steps": cfg.verifier_steps, "min_explained_variance": 1.0,
-                                           "lr_schedule": cfg.verifier_lr_schedule, "average_from": None,
-                                           "target_continuations": 0})})})
+    phase = phase_params(params, cfg.verifier_lr, cfg.verifier_steps, cfg.verifier_lr_schedule)
     prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
     # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
     # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
@@ -374,11 +381,7 @@ def pretrain_process(params: Params, prompt_ids: list[list[int]], response_ids: 
     then starts from the critic written to `out_dir`. Returns its held-out explained variance (of the
     labels), steps, rows and the share of states on track."""
     cfg = params.value.pretrain
-    phase = params.model_copy(update={"value": params.value.model_copy(update={
-        "lr": cfg.process_lr,
-        "pretrain": cfg.model_copy(update={"max_steps": cfg.process_steps, "min_explained_variance": 1.0,
-                                           "lr_schedule": "constant", "average_from": None,
-                                           "target_continuations": 0})})})
+    phase = phase_params(params, cfg.process_lr, cfg.process_steps, "constant")
     targets = pad_ragged(labels, 0.0, torch.float32)[0]
     metrics = pretrain_critic(phase, prompt_ids, response_ids, None, groups, backbone, out_dir,
                               eval_every=max(EVAL_EVERY, cfg.process_steps // 20), state_targets=targets)
