@@ -102,23 +102,15 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
 
 def print_bootstrap(returns, mask, oracle, noise, critics: dict, resamples: int = 2000) -> None:
     """95% intervals of each critic's fraction of the ceiling, and of its difference from the first
-    critic's, over the probe's responses drawn again with replacement (the ceiling taken on each draw
-    too, so that the fractions of one draw share it): how far the probe's N responses let two fractions
-    be told apart."""
-    from rlpipe.models.critic import explained_variance, oracle_explained_variance
+    critic's, over the probe's responses drawn again with replacement (`bootstrap_fractions`): how far the
+    probe's N responses let two fractions be told apart."""
+    from rlpipe.models.critic import bootstrap_fractions, percentile_interval
 
-    generator = torch.Generator().manual_seed(0)
-    fractions = {name: [] for name in critics}
-    for _ in range(resamples):
-        rows = torch.randint(0, len(returns), (len(returns),), generator=generator)
-        drawn_returns, drawn_mask = returns[rows], mask[rows]
-        ceiling = oracle_explained_variance(drawn_returns, drawn_mask, oracle[rows], noise[rows])
-        for name, values in critics.items():
-            fractions[name].append(explained_variance(values[rows], drawn_returns, drawn_mask) / ceiling)
+    fractions = bootstrap_fractions(returns, mask, oracle, noise, critics, resamples)
 
     def interval(draws: list[float]) -> str:
-        ordered = sorted(draws)
-        return f"[{ordered[int(0.025 * len(ordered))]:.2f}, {ordered[int(0.975 * len(ordered)) - 1]:.2f}]"
+        low, high = percentile_interval(draws)
+        return f"[{low:.2f}, {high:.2f}]"
 
     first = next(iter(critics), None)
     for name, draws in fractions.items():

@@ -3,12 +3,14 @@ prefix values it is computed from."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from rlpipe.config import params_from_dict
 from rlpipe.config.params import ParamsError
-from rlpipe.models.critic import explained_variance, oracle_explained_variance
+from rlpipe.models.critic import bootstrap_fractions, explained_variance, oracle_explained_variance, percentile_interval
 from rlpipe.rollout.base import GenerationOutput, SamplingSpec
 from rlpipe.rollout.oracle import prefix_values, probed_rows
 
@@ -31,6 +33,24 @@ def test_oracle_ev_of_known_success_rates():
     assert oracle_explained_variance(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 2)) != \
         oracle_explained_variance(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 2))  # NaN
 
+
+
+def test_the_fractions_interval_comes_from_draws_of_the_responses():
+    # 200 responses of the hand-made pair: the oracle as critic is the ceiling on every draw
+    returns, mask, success = RETURNS.repeat(100, 1), MASK.repeat(100, 1), SUCCESS.repeat(100, 1)
+    noisy = success + 0.3 * torch.randn(success.shape, generator=torch.Generator().manual_seed(0))
+    draws = bootstrap_fractions(returns, mask, success, None, {"oracle": success, "noisy": noisy}, resamples=400)
+    assert percentile_interval(draws["oracle"]) == pytest.approx((1.0, 1.0))
+    low, high = percentile_interval(draws["noisy"])
+    point = explained_variance(noisy, returns, mask) / oracle_explained_variance(returns, mask, success)
+    assert low < point < high < 1.0 and high - low < 0.5
+    # the same draws again from the same seed; draws with no ceiling (NaN, inf) leave no interval
+    assert bootstrap_fractions(returns, mask, success, None, {"noisy": noisy}, resamples=400)["noisy"] == draws["noisy"]
+    assert all(math.isnan(bound) for bound in percentile_interval([float("nan"), float("inf")]))
+    # one response: every draw's returns are constant, so no ceiling and no interval (the stage's 4 probed
+    # responses of the smoke run can draw that)
+    lone = bootstrap_fractions(RETURNS[:1], MASK[:1], SUCCESS[:1], None, {"c": SUCCESS[:1]}, resamples=10)["c"]
+    assert all(math.isnan(bound) for bound in percentile_interval(lone))
 
 class ToyTokenizer:
     eos_token_id = 2

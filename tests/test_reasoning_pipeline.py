@@ -37,6 +37,7 @@ def test_reasoning_with_the_oracle_ev_through_dvc_repro(tmp_path):
         measured = json.loads((root / f"runs/stage_metrics/{stage}.json").read_text())
         assert measured["value/oracle_probed_responses"] == 4
         for key in ("value/oracle_explained_variance", "value/probed_explained_variance",
-                    "value/ev_fraction_of_ceiling"):
+                    "value/ev_fraction_of_ceiling", "value/ev_fraction_of_ceiling_low",
+                    "value/ev_fraction_of_ceiling_high"):
             assert key in measured, (stage, key)
     assert_all_declared(check_every_stage(root))

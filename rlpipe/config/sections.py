@@ -636,7 +636,9 @@ class ValueConfig(Section):
     """Value pretraining (the `value_pretrain` stage), for presets with a critic."""
     oracle_ev: OracleEVConfig = OracleEVConfig()
     """The oracle explained variance logged beside the critic's (`value/oracle_explained_variance`,
-    `value/ev_fraction_of_ceiling`): after value pretraining and in every round's advantage stage."""
+    `value/ev_fraction_of_ceiling`, with its 95% bootstrap interval over the probed responses in
+    `value/ev_fraction_of_ceiling_low` and `_high`): after value pretraining and in every round's
+    advantage stage."""
 
 
 class EvalConfig(Section):

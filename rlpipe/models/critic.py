@@ -10,6 +10,7 @@ file instead, with no model load.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from rlpipe import paths
@@ -91,3 +92,34 @@ def oracle_explained_variance(returns, mask, oracle_values, oracle_noise=None) -
     if oracle_noise is not None:
         residual = residual - oracle_noise[mask].mean()
     return float(1 - residual / var)
+
+
+def bootstrap_fractions(returns, mask, oracle_values, oracle_noise, critics: dict, resamples: int = 1000,
+                        seed: int = 0) -> dict[str, list[float]]:
+    """Each critic's fraction of the ceiling (its `explained_variance` over `oracle_explained_variance`)
+    on `resamples` draws of the batch's responses with replacement, the ceiling taken on each draw too, so
+    that the fractions of one draw share it and two critics can be compared draw by draw. `critics` maps a
+    name to its (B, T) values; the rest as `oracle_explained_variance`."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    fractions = {name: [] for name in critics}
+    for _ in range(resamples):
+        rows = torch.randint(0, len(returns), (len(returns),), generator=generator)
+        drawn_returns, drawn_mask = returns[rows], mask[rows]
+        ceiling = oracle_explained_variance(drawn_returns, drawn_mask, oracle_values[rows],
+                                            None if oracle_noise is None else oracle_noise[rows])
+        for name, values in critics.items():  # as the point estimate, no fraction of a ceiling <= 0
+            fractions[name].append(explained_variance(values[rows], drawn_returns, drawn_mask) / ceiling
+                                   if ceiling > 0 else float("nan"))
+    return fractions
+
+
+def percentile_interval(draws: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The central `level` interval of bootstrap draws; draws that are not finite (a ceiling of 0 on a
+    tiny batch) are left out, and (nan, nan) when none is."""
+    ordered = sorted(d for d in draws if math.isfinite(d))
+    if not ordered:
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2
+    return ordered[int(tail * len(ordered))], ordered[int((1 - tail) * len(ordered)) - 1]
