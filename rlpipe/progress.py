@@ -46,8 +46,9 @@ class ProgressLines:
     def __enter__(self) -> "ProgressLines":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:  # a loop that raised is not done; its error says the rest
+            self.close()
 
     def update(self, n: int = 1) -> None:
         self.count += n

@@ -34,3 +34,13 @@ def test_torchruns_other_ranks_write_no_lines(monkeypatch):
     monkeypatch.delenv("RLPIPE_PROGRESS", raising=False)
     monkeypatch.setenv("RANK", "1")
     assert not isinstance(progress(total=3, desc="x"), ProgressLines)
+
+
+def test_a_loop_that_raises_is_not_called_done(capsys):
+    try:
+        with ProgressLines(total=4, desc="update r1", unit="step", interval=0.0) as lines:
+            lines.update(1)
+            raise RuntimeError("out of memory")
+    except RuntimeError:
+        pass
+    assert capsys.readouterr().err == "update r1: 1/4 step (25%), 0m00s\n"
