@@ -26,10 +26,12 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it"):
     """A tqdm bar on a terminal; off one, `ProgressLines` unless `RLPIPE_PROGRESS` turned progress off."""
     from tqdm import tqdm
 
+    if bars_enabled():
+        return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
     # off a terminal, torchrun's other ranks stay quiet: their lines would repeat rank 0's
-    if not bars_enabled() and os.environ.get("RLPIPE_PROGRESS") is None and os.environ.get("RANK", "0") == "0":
+    if os.environ.get("RLPIPE_PROGRESS") is None and os.environ.get("RANK", "0") == "0":
         return ProgressLines(total, desc, unit)
-    return tqdm(total=total, desc=desc, unit=unit, disable=not bars_enabled(), leave=False, dynamic_ncols=True)
+    return tqdm(total=total, disable=True)
 
 
 class ProgressLines:

@@ -34,7 +34,6 @@ def test_oracle_ev_of_known_success_rates():
         oracle_explained_variance(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 2))  # NaN
 
 
-
 def test_the_fractions_interval_comes_from_draws_of_the_responses():
     # 200 responses of the hand-made pair: the oracle as critic is the ceiling on every draw
     returns, mask, success = RETURNS.repeat(100, 1), MASK.repeat(100, 1), SUCCESS.repeat(100, 1)
@@ -51,6 +50,7 @@ def test_the_fractions_interval_comes_from_draws_of_the_responses():
     # responses of the smoke run can draw that)
     lone = bootstrap_fractions(RETURNS[:1], MASK[:1], SUCCESS[:1], None, {"c": SUCCESS[:1]}, resamples=10)["c"]
     assert all(math.isnan(bound) for bound in percentile_interval(lone))
+
 
 class ToyTokenizer:
     eos_token_id = 2

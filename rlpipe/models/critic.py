@@ -94,6 +94,12 @@ def oracle_explained_variance(returns, mask, oracle_values, oracle_noise=None) -
     return float(1 - residual / var)
 
 
+def fraction_of_ceiling(critic_ev: float, ceiling: float) -> float:
+    """The critic's explained variance as a fraction of the oracle's; NaN where there is no ceiling (<= 0
+    or NaN: returns without variance, or an estimate swamped by its noise)."""
+    return critic_ev / ceiling if ceiling > 0 else float("nan")
+
+
 def bootstrap_fractions(returns, mask, oracle_values, oracle_noise, critics: dict, resamples: int = 1000,
                         seed: int = 0) -> dict[str, list[float]]:
     """Each critic's fraction of the ceiling (its `explained_variance` over `oracle_explained_variance`)
@@ -109,9 +115,9 @@ def bootstrap_fractions(returns, mask, oracle_values, oracle_noise, critics: dic
         drawn_returns, drawn_mask = returns[rows], mask[rows]
         ceiling = oracle_explained_variance(drawn_returns, drawn_mask, oracle_values[rows],
                                             None if oracle_noise is None else oracle_noise[rows])
-        for name, values in critics.items():  # as the point estimate, no fraction of a ceiling <= 0
-            fractions[name].append(explained_variance(values[rows], drawn_returns, drawn_mask) / ceiling
-                                   if ceiling > 0 else float("nan"))
+        for name, values in critics.items():
+            fractions[name].append(fraction_of_ceiling(explained_variance(values[rows], drawn_returns, drawn_mask),
+                                                       ceiling))
     return fractions
 
 

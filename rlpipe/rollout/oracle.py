@@ -89,8 +89,8 @@ def oracle_metrics(params: Params, backend, prompt_ids: list[list[int]], respons
     """The oracle EV of a batch (rows of (B, T) `returns`, `values`, `mask`, as the critic's EV reads
     them) on a seeded sample of `value.oracle_ev.max_responses` responses, with the critic's EV on the
     same sample and their ratio."""
-    from rlpipe.models.critic import (bootstrap_fractions, explained_variance, oracle_explained_variance,
-                                      percentile_interval)
+    from rlpipe.models.critic import (bootstrap_fractions, explained_variance, fraction_of_ceiling,
+                                      oracle_explained_variance, percentile_interval)
 
     cfg = params.value.oracle_ev
     started = time.perf_counter()
@@ -106,7 +106,7 @@ def oracle_metrics(params: Params, backend, prompt_ids: list[list[int]], respons
     return {"value/oracle_explained_variance": ceiling,
             "value/oracle_explained_variance_uncorrected": oracle_explained_variance(probed[0], probed[2], oracle),
             "value/probed_explained_variance": critic,
-            "value/ev_fraction_of_ceiling": critic / ceiling if ceiling > 0 else float("nan"),
+            "value/ev_fraction_of_ceiling": fraction_of_ceiling(critic, ceiling),
             # how far the probed responses pin the fraction down (docs/critic.md: 64 of them pin it loosely)
             "value/ev_fraction_of_ceiling_low": low, "value/ev_fraction_of_ceiling_high": high,
             "value/oracle_probed_responses": len(rows), "value/oracle_probed_states": int(probed[2].sum()),
