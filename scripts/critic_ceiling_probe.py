@@ -32,7 +32,8 @@ from rlpipe.config import load_params
 
 
 def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
-    from rlpipe.models.critic import explained_variance, load_critic, oracle_explained_variance
+    from rlpipe.models.critic import (explained_variance, fraction_of_ceiling, load_critic,
+                                      oracle_explained_variance)
     from rlpipe.models.sequences import pad_ragged
     from rlpipe.models.store import ModelStore
     from rlpipe.rollout import rollout_backend
@@ -80,7 +81,7 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
         critic, tokenizer = load_critic(critic_dir)
         explained[critic_dir.name] = values = predict(critic, targets, params, tokenizer.pad_token_id)
         ev = explained_variance(values, returns, mask)
-        print(f"{critic_dir}: critic EV {ev:.3f}, fraction of the ceiling {ev / ceiling:.2f}")
+        print(f"{critic_dir}: critic EV {ev:.3f}, fraction of the ceiling {fraction_of_ceiling(ev, ceiling):.2f}")
     print_bootstrap(returns, mask, oracle, noise, {name: v for name, v in explained.items() if name != "oracle"})
 
     marker = tokenizer.convert_tokens_to_ids("#")
