@@ -186,3 +186,34 @@ def test_daemons_opening_one_new_sqlite_store_at_once_all_succeed(tmp_path):
     results = [worker.communicate(timeout=300) for worker in workers]
     assert [w.returncode for w in workers] == [0, 0, 0], [err[-500:] for _, err in results]
     assert all(out.strip() == "opened" for out, _ in results)
+
+
+def test_a_stage_that_outlives_the_tracking_daemon_starts_another(tmp_path, monkeypatch, capsys):
+    """The daemon exits after IDLE_EXIT_S without a stage, and a stage can work longer than that (value
+    pretraining's verifier phase, an hour): such a stage's run reached MLflow only if it started a new
+    daemon when it ended. Before it did, a 2-hour value_pretrain warned "could not reach the MLflow
+    tracking daemon" and its metrics stayed in runs/metrics only."""
+    from mlflow.tracking import MlflowClient
+
+    from rlpipe.config import params_from_dict
+    from rlpipe.tracking.client import StageTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name, value in {"DVC_ROOT": str(tmp_path), "MLFLOW_TRACKING_URI": uri, "RLPIPE_TRACKING": "1",
+                        "RLPIPE_EXECUTION_ID": f"test:{os.getpid()}:{time.time_ns()}",
+                        "RLPIPE_TRACKING_IDLE_EXIT_S": "1"}.items():
+        monkeypatch.setenv(name, value)
+    tracker = StageTracker(params_from_dict({}, "test"), "reward", "r1")
+    deadline = time.monotonic() + 120
+    while not tracker.address.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while tracker.address.exists() and time.monotonic() < deadline:  # the daemon went idle and exited
+        time.sleep(0.05)
+    assert not tracker.address.exists(), "the daemon did not exit when idle"
+    tracker.log_round_metrics({"reward/mean": 0.25})
+    tracker.close(failed=False)
+    assert "could not reach" not in capsys.readouterr().err
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("rlpipe").experiment_id])
+    stage = next(r for r in runs if r.info.run_name == "reward")
+    assert stage.data.metrics == {"reward/mean": 0.25} and stage.info.status == "FINISHED"

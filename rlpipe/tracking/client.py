@@ -3,7 +3,8 @@
 MLflow costs 2-3 s of CPU to import and open its store, and every stage is a process. So stages never
 import it: `StageTracker` keeps what a stage logs and sends it, as JSON lines over a Unix socket, to
 `rlpipe.tracking.daemon` when the stage ends: one daemon per pipeline execution, started by the
-execution's first stage (it imports MLflow while that stage works) and reused by every later one. It
+execution's first stage (it imports MLflow while that stage works) and reused by every later one (a stage
+that outlives it, idle for IDLE_EXIT_S, starts another when it ends). It
 writes with `log_batch`; the stage waits for the daemon's `ok`, so what a finished stage logged is in
 the store.
 
@@ -187,14 +188,18 @@ class StageTracker(TrackingBuffer):
                 "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
             },
         }
+        self.daemon_args = [uri, str(owner_pid(execution) or "-"), str(root)]
         try:
             self.address = local_service.socket_path("tracking", str(os.getuid()), uri, execution)
-            if not local_service.can_connect(self.address):
-                spawn("rlpipe.tracking.daemon", [str(self.address), uri, str(owner_pid(execution) or "-"), str(root)],
-                      self.log_path)
+            self._start_daemon()
         except OSError as err:
             self._warn(f"could not start the MLflow tracking daemon ({err})")
             self.enabled = False
+
+    def _start_daemon(self) -> None:
+        """Start the execution's daemon unless one listens (a second one started meanwhile exits at once)."""
+        if not local_service.can_connect(self.address):
+            spawn("rlpipe.tracking.daemon", [str(self.address), *self.daemon_args], self.log_path)
 
     def _warn(self, what: str) -> None:
         print(f"rlpipe: {what}; metrics stay in runs/metrics (log: {self.log_path})", file=sys.stderr)
@@ -204,6 +209,9 @@ class StageTracker(TrackingBuffer):
         if not self.enabled:
             return
         try:
+            # The daemon may have gone while this stage worked: it exits after IDLE_EXIT_S without a stage,
+            # and one stage can work longer than that (value pretraining's verifier phase, an hour).
+            self._start_daemon()
             sock = local_service.wait_for(self.address, CONNECT_TIMEOUT_S)
         except OSError as err:
             self._warn(f"could not reach the MLflow tracking daemon ({err})")

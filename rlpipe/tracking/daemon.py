@@ -27,7 +27,9 @@ from pathlib import Path
 
 from rlpipe.local_service import inside, listen, peer_is_owner, process_alive
 
-IDLE_EXIT_S = 1800
+IDLE_EXIT_S = float(os.environ.get("RLPIPE_TRACKING_IDLE_EXIT_S", 1800))
+"""A daemon no stage has called for this long exits (RLPIPE_TRACKING_IDLE_EXIT_S overrides it); a stage
+that works longer starts a new one when it ends (`StageTracker.close`)."""
 POLL_S = 0.5
 CONNECTION_IDLE_S = float(os.environ.get("RLPIPE_CONNECTION_IDLE_S", 30))
 """A stage sends its whole run at once when it ends: a connection silent this long is not a stage
