@@ -254,7 +254,8 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
             if tracker is not None:
                 tracker.log_metrics({f"value_pretrain/{k}": v for k, v in stats.items()}, step=step)
             bar.update(1)
-            bar.set_postfix(loss=f"{stats['value_loss']:.4f}", ev=f"{ev:.3f}")
+            # before the first evaluation there is no held-out EV to show (ev is the loop's -inf)
+            bar.set_postfix(loss=f"{stats['value_loss']:.4f}", **({"ev": f"{ev:.3f}"} if values is not None else {}))
             if ev >= cfg.min_explained_variance:
                 break
     averaged = {}
