@@ -13,9 +13,10 @@ start of one permutation, so a larger file holds a smaller one's prompts), with 
 each critic's EV on them, the oracle EV and the fraction: the stage's figures, on common ground, with
 95% bootstrap intervals over the probed responses (each fraction, and each critic's difference from the
 first critic named). Then,
-by where a state is (the answer marker `#` written or not, and how many tokens are left), the share of
-the squared error around the mean return that the oracle and each critic explain: where the critic
-falls short. The oracle's values are kept in OUT/probe-N.pt, so a rerun with other critics samples
+by where a state is (the answer marker `#` written or not, the text still on track to a right response
+or not, `on_track_labels`, and how many tokens are left), the share of the squared error around the mean
+return that the oracle and each critic explain, beside what the state's coarse features alone explain
+(`coarse_values`): where the critic falls short. The oracle's values are kept in OUT/probe-N.pt, so a rerun with other critics samples
 nothing. Run it in the project the samples came from (its params.yaml and runs/policy/r0).
 """
 
@@ -40,7 +41,9 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     from rlpipe.rollout.base import SamplingSpec
     from rlpipe.rollout.oracle import outcome_scorer, prefix_values, probed_rows
     from rlpipe.stages.value_pretrain import pretraining_prompts
-    from rlpipe.train.critic import ValueTargets, held_out_groups, monte_carlo_returns, predict
+    from rlpipe.data.tasks import right_responses
+    from rlpipe.train.critic import (ValueTargets, held_out_groups, monte_carlo_returns, on_track_labels,
+                                     predict)
 
     params = load_params()
     samples = {int(f.stem.split("-")[1]): pickle.loads(f.read_bytes()) for f in sorted(out.glob("samples-*.pkl"))}
@@ -76,6 +79,7 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     print(f"oracle EV {ceiling:.3f} (uncorrected {oracle_explained_variance(returns, mask, oracle):.3f}) "
           f"over {int(mask.sum())} states")
     targets = ValueTargets(probe_prompts, probe_responses, returns, None, mask)
+    right = [right_responses(prompts["answer"][groups[i]], prompts["meta"][groups[i]], params.data.task) for i in rows]
     explained = {"oracle": oracle}
     for critic_dir in critic_dirs:
         critic, tokenizer = load_critic(critic_dir)
@@ -83,22 +87,49 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
         ev = explained_variance(values, returns, mask)
         print(f"{critic_dir}: critic EV {ev:.3f}, fraction of the ceiling {fraction_of_ceiling(ev, ceiling):.2f}")
     print_bootstrap(returns, mask, oracle, noise, {name: v for name, v in explained.items() if name != "oracle"})
+    on_track = pad_ragged([on_track_labels(r, response, tokenizer) for r, response in zip(right, probe_responses)],
+                          0.0, torch.float32)[0]
 
+    explained["coarse"] = coarse_values(oracle, mask, probe_prompts, probe_responses, on_track, tokenizer)
     marker = tokenizer.convert_tokens_to_ids("#")
-    where = torch.zeros_like(mask, dtype=torch.long)  # 0: steps (or nothing) written; 1: after `#`; 2: eos next
+    # 0: steps (or nothing) written, on track; 1: the same, off track; 2: after `#`; 3: eos next
+    where = torch.zeros_like(mask, dtype=torch.long)
     for b, response in enumerate(probe_responses):
         seen = False
         for t, token in enumerate(response):
-            where[b, t] = 2 if t == len(response) - 1 else int(seen)
+            where[b, t] = 3 if t == len(response) - 1 else 2 if seen else int(on_track[b, t] < 0.5)
             seen |= token == marker
     total = ((returns - returns[mask].mean()) ** 2 * mask).sum()
     print("states | count | share of the squared error | " + " | ".join(f"{name} explains" for name in explained))
-    for code, label in enumerate(["before the answer marker", "after `#`, digits to go", "eos next"]):
+    labels = ["before the answer marker, on track", "before the answer marker, off track", "after `#`, digits to go",
+              "eos next"]
+    for code, label in enumerate(labels):
         at = mask & (where == code)
         share = float(((returns - returns[mask].mean()) ** 2 * at).sum() / total)
         gains = [share - float(((returns - v) ** 2 * at).sum() / total) for v in explained.values()]
         gains[0] += float((noise * at).sum() / total)  # the oracle's own sampling noise, as in its EV
         print(f"{label} | {int(at.sum())} | {share:.3f} | " + " | ".join(f"{g:.3f}" for g in gains))
+
+
+def coarse_values(oracle, mask, prompt_ids, response_ids, on_track, tokenizer):
+    """What a state's coarse features alone are worth: the oracle's mean value over the probe's states that
+    share the prompt's operand count, the tokens written, the response's first token (its format: steps or
+    the answer alone) and the on-track label. A critic that explains no more than this column has learnt
+    the prompt's length, the response's format and progress, and whether it slipped, but not which of the
+    policy's additions are hard."""
+    from collections import defaultdict
+
+    keys, sums, counts = {}, defaultdict(float), defaultdict(int)
+    for b, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
+        operands = tokenizer.decode(prompt, skip_special_tokens=True).count("+") + 1
+        for t in range(len(response)):
+            key = keys[b, t] = (operands, t, response[0] if t else None, bool(on_track[b, t] > 0.5))
+            sums[key] += float(oracle[b, t])
+            counts[key] += 1
+    values = torch.zeros_like(oracle)
+    for (b, t), key in keys.items():
+        values[b, t] = sums[key] / counts[key]
+    return values * mask
 
 
 def print_bootstrap(returns, mask, oracle, noise, critics: dict, resamples: int = 2000) -> None:
