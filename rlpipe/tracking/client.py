@@ -189,17 +189,38 @@ class StageTracker(TrackingBuffer):
             },
         }
         self.daemon_args = [uri, str(owner_pid(execution) or "-"), str(root)]
+        self.daemon: subprocess.Popen | None = None  # the daemon this stage started, if it started one
         try:
             self.address = local_service.socket_path("tracking", str(os.getuid()), uri, execution)
-            self._start_daemon()
+            if not local_service.can_connect(self.address):
+                self._start_daemon()
         except OSError as err:
             self._warn(f"could not start the MLflow tracking daemon ({err})")
             self.enabled = False
 
     def _start_daemon(self) -> None:
-        """Start the execution's daemon unless one listens (a second one started meanwhile exits at once)."""
-        if not local_service.can_connect(self.address):
-            spawn("rlpipe.tracking.daemon", [str(self.address), *self.daemon_args], self.log_path)
+        self.daemon = spawn("rlpipe.tracking.daemon", [str(self.address), *self.daemon_args], self.log_path)
+
+    def _connect(self):
+        """A connection to the execution's daemon. The daemon may have gone while this stage worked: it exits
+        after IDLE_EXIT_S without a stage, and one stage can work longer (value pretraining's verifier phase,
+        an hour); then a new one is started. (No probing connection first: a stage run by hand has a daemon
+        that serves one connection and exits.)"""
+        try:
+            return local_service.connect(self.address)
+        except OSError:
+            pass
+        if self.daemon is not None:  # the one this stage started: still starting, or exiting (idle)
+            try:
+                return self._wait_for_daemon()
+            except OSError:
+                pass
+        self._start_daemon()
+        return self._wait_for_daemon()
+
+    def _wait_for_daemon(self):
+        daemon = self.daemon
+        return local_service.wait_for(self.address, CONNECT_TIMEOUT_S, alive=lambda: daemon.poll() is None)
 
     def _warn(self, what: str) -> None:
         print(f"rlpipe: {what}; metrics stay in runs/metrics (log: {self.log_path})", file=sys.stderr)
@@ -209,10 +230,7 @@ class StageTracker(TrackingBuffer):
         if not self.enabled:
             return
         try:
-            # The daemon may have gone while this stage worked: it exits after IDLE_EXIT_S without a stage,
-            # and one stage can work longer than that (value pretraining's verifier phase, an hour).
-            self._start_daemon()
-            sock = local_service.wait_for(self.address, CONNECT_TIMEOUT_S)
+            sock = self._connect()
         except OSError as err:
             self._warn(f"could not reach the MLflow tracking daemon ({err})")
             return
