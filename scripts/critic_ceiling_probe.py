@@ -12,12 +12,12 @@ start of one permutation, so a larger file holds a smaller one's prompts), with 
 `rlpipe.rollout.oracle` under `value.oracle_ev.continuations` (8 where params.yaml has 0), and prints
 each critic's EV on them, the oracle EV and the fraction: the stage's figures, on common ground, with
 95% bootstrap intervals over the probed responses (each fraction, and each critic's difference from the
-first critic named). Then,
-by where a state is (the answer marker `#` written or not, the text still on track to a right response
-or not, `on_track_labels`, and how many tokens are left), the share of the squared error around the mean
-return that the oracle and each critic explain, beside what the state's coarse features alone explain
-(`coarse_values`): where the critic falls short. The oracle's values are kept in OUT/probe-N.pt, so a rerun with other critics samples
-nothing. Run it in the project the samples came from (its params.yaml and runs/policy/r0).
+first critic named). Then, by where a state is (the answer marker `#` written or not, the text still on
+track to a right response or not, `on_track_labels`, and how many tokens are left), the share of the
+squared error around the mean return that the oracle and each critic explain, beside what the state's
+coarse features alone explain (`coarse_values`): where the critic falls short. The oracle's values are
+kept in OUT/probe-N.pt, so a rerun with other critics samples nothing. Run it in the project the samples
+came from (its params.yaml and runs/policy/r0).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from rlpipe.config import load_params
 
 
 def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
+    from rlpipe.data.tasks import right_responses
     from rlpipe.models.critic import (explained_variance, fraction_of_ceiling, load_critic,
                                       oracle_explained_variance)
     from rlpipe.models.sequences import pad_ragged
@@ -41,7 +42,6 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     from rlpipe.rollout.base import SamplingSpec
     from rlpipe.rollout.oracle import outcome_scorer, prefix_values, probed_rows
     from rlpipe.stages.value_pretrain import pretraining_prompts
-    from rlpipe.data.tasks import right_responses
     from rlpipe.train.critic import (ValueTargets, held_out_groups, monte_carlo_returns, on_track_labels,
                                      predict)
 
