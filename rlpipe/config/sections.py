@@ -572,7 +572,7 @@ class ValuePretrainConfig(Section):
     pretraining's loop at `process_lr`, then value pretraining starts from it. On reasoning, 1,000 steps
     after a 4,000-step verifier phase (14-19 minutes at one thread) took the three seeds' critics from
     0.65, 0.69 and 0.76 of their ceiling to 0.68, 0.68 and 0.78 (through `dvc repro value_pretrain` on
-    another CPU, with the whole recipe: 0.72 and 0.57 on seeds 0 and 1); from the init policy, without
+    another CPU, with the whole recipe: 0.72, 0.57 and 0.72 on seeds 0-2); from the init policy, without
     the verifier phase, it lowered seed 0's to 0.55 (docs/critic.md)."""
     process_samples: int = Field(4, ge=1)
     """Responses of the init policy to each train prompt in the process phase."""
