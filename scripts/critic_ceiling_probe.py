@@ -79,7 +79,6 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     print(f"oracle EV {ceiling:.3f} (uncorrected {oracle_explained_variance(returns, mask, oracle):.3f}) "
           f"over {int(mask.sum())} states")
     targets = ValueTargets(probe_prompts, probe_responses, returns, None, mask)
-    right = [right_responses(prompts["answer"][groups[i]], prompts["meta"][groups[i]], params.data.task) for i in rows]
     explained = {"oracle": oracle}
     for critic_dir in critic_dirs:
         critic, tokenizer = load_critic(critic_dir)
@@ -87,6 +86,7 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
         ev = explained_variance(values, returns, mask)
         print(f"{critic_dir}: critic EV {ev:.3f}, fraction of the ceiling {fraction_of_ceiling(ev, ceiling):.2f}")
     print_bootstrap(returns, mask, oracle, noise, {name: v for name, v in explained.items() if name != "oracle"})
+    right = [right_responses(prompts["answer"][groups[i]], prompts["meta"][groups[i]], params.data.task) for i in rows]
     on_track = pad_ragged([on_track_labels(r, response, tokenizer) for r, response in zip(right, probe_responses)],
                           0.0, torch.float32)[0]
 
