@@ -105,22 +105,34 @@ def test_cosine_value_pretraining_walks_its_rate_down_to_near_zero(tokenizer, ti
         assert seen == pytest.approx(expected, rel=1e-12), schedule
 
 
-def test_the_verifier_phase_runs_on_its_own_rate_and_schedule(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("targets", ["outcome", "on_track"])
+def test_the_verifier_phase_runs_on_its_own_rate_and_schedule(tiny_model_dir, tmp_path, monkeypatch, targets):
     """The phase is value pretraining's loop with `verifier_lr`, `verifier_steps` and `verifier_lr_schedule`
-    in place of value pretraining's own; early stopping off."""
+    in place of value pretraining's own; early stopping off. Its targets are the rows' rewards, or with
+    `verifier_targets: on_track` each state's on-track label."""
+    from transformers import AutoTokenizer
+
     import rlpipe.train.critic as critic_training
 
     seen = {}
 
     def capture(phase, *args, **kwargs):
-        seen["value"] = phase.value
+        seen["value"], seen["state_targets"] = phase.value, kwargs["state_targets"]
         return {"value/explained_variance": 0.0, "value/pretrain_steps": phase.value.pretrain.max_steps}
 
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    right, near_miss = (tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+                        for text in ("123", "13"))
     monkeypatch.setattr(critic_training, "pretrain_critic", capture)
-    monkeypatch.setattr(critic_training, "verifier_rows", lambda *args: ([[1]], [[2]], [1.0], [0]))
+    monkeypatch.setattr(critic_training, "verifier_rows",
+                        lambda *args: ([[1], [1]], [right, near_miss], [1.0, 0.0], [0, 0], [["123"], ["123"]]))
     params = mini_params(max_steps=5, lr_schedule="constant", verifier_steps=7, verifier_lr=0.01,
-                         verifier_lr_schedule="cosine", target_continuations=2)
+                         verifier_lr_schedule="cosine", target_continuations=2, verifier_targets=targets)
     critic_training.pretrain_verifier(params, tiny_model_dir, tmp_path / "train.parquet", tmp_path / "verifier")
+    if targets == "outcome":  # pretrain_critic then takes the rows' returns from their rewards
+        assert seen["state_targets"] is None
+    else:  # the state after "1" is still on track, the one after "13" is not; padded with 0 after eos
+        assert seen["state_targets"].tolist() == [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]]
     assert (seen["value"].lr, seen["value"].pretrain.max_steps) == (0.01, 7)
     assert (seen["value"].pretrain.lr_schedule, seen["value"].pretrain.min_explained_variance) == ("cosine", 1.0)
     assert seen["value"].pretrain.average_from is None  # the phase writes its last step's weights

@@ -288,7 +288,7 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
     the policy; the phase's figures are in the stage's metrics and nothing of it is left in runs/."""
     from safetensors.torch import load_file
 
-    from rlpipe.train.critic import near_miss, verifier_rows
+    from rlpipe.train.critic import near_miss, on_track_labels, verifier_rows
 
     critics = {}
     for steps in (0, 3):
@@ -308,12 +308,19 @@ def test_the_verifier_phase_trains_the_critic_value_pretraining_starts_from(work
 
     params = mini_params(**{"value.pretrain": {**MINI["value"]["pretrain"], "verifier_prompts": 16}})
     tokenizer = AutoTokenizer.from_pretrained(workspace / paths.policy_dir("r0"))
-    prompt_ids, response_ids, rewards, groups = verifier_rows(params, tokenizer, workspace / paths.TRAIN)
+    prompt_ids, response_ids, rewards, groups, rights = verifier_rows(params, tokenizer, workspace / paths.TRAIN)
     assert rewards == [1.0, 0.0] * 16 and groups == [g for g in range(16) for _ in range(2)]
     for k in range(0, 32, 2):
         right, wrong = tokenizer.decode(response_ids[k][:-1]), tokenizer.decode(response_ids[k + 1][:-1])
         assert len(right) == len(wrong) and sum(a != b for a, b in zip(right, wrong)) == 1
         assert response_ids[k][-1] == response_ids[k + 1][-1] == tokenizer.eos_token_id
+        assert rights[k] == rights[k + 1] == [right]
+        # `verifier_targets: on_track`: the right row is 1 throughout; the near miss is 1 up to the state
+        # before its wrong digit (which the right row shares) and 0 from the state after it on
+        slip = next(i for i, (a, b) in enumerate(zip(right, wrong)) if a != b)
+        assert on_track_labels(rights[k], response_ids[k], tokenizer) == [1.0] * len(response_ids[k])
+        assert on_track_labels(rights[k], response_ids[k + 1], tokenizer) == (
+            [1.0] * (slip + 1) + [0.0] * (len(response_ids[k + 1]) - slip - 1))
     import random
 
     assert all(near_miss("5", random.Random(s)) != "5" for s in range(20))

@@ -25,6 +25,7 @@ LossAggName = Literal[
 PolicyLossName = Literal["ppo_clip", "gspo", "cispo"]
 LRScheduleName = Literal["constant", "linear_warmup", "cosine"]
 PretrainLRScheduleName = Literal["constant", "cosine"]  # a pretraining phase has no warmup
+VerifierTargetsName = Literal["outcome", "on_track"]
 RolloutCorrectionName = Literal["none", "tis", "mis"]
 RolloutBackendName = Literal["hf", "vllm"]
 VerifierName = Literal["exact_match", "chain_steps", "marked_answer", "math"]

@@ -15,7 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from rlpipe.config.components import (PRESETS, EstimatorName, KLEstimatorName, LossAggName, LRScheduleName,
                                       PolicyLossName, PretrainLRScheduleName, PresetName, RolloutCorrectionName,
-                                      RolloutBackendName, TaskName, VerifierName)
+                                      RolloutBackendName, TaskName, VerifierName, VerifierTargetsName)
 
 
 class KeyedError(ValueError):
@@ -562,6 +562,12 @@ class ValuePretrainConfig(Section):
     """Learning rate of the verifier phase, backbone and head."""
     verifier_lr_schedule: PretrainLRScheduleName = "constant"
     """The verifier phase's learning rate over its steps, as `lr_schedule` (from `verifier_lr`)."""
+    verifier_targets: VerifierTargetsName = "outcome"
+    """What the verifier phase fits at each state of its rows. `outcome`: the row's reward at every state,
+    so that the states before a slip, which the right row shares, learn 0.5 from the two rows' 1 and 0.
+    `on_track`: 1 while the text written so far is the start of one of the prompt's right responses and 0
+    from the slipped token on (`on_track_labels`, the process phase's labels), so that every state teaches
+    the check itself."""
     process_steps: int = Field(0, ge=0)
     """Steps of a process phase after the verifier phase, before value pretraining (synthetic tasks; 0 =
     off). The init policy answers the train prompts (value pretraining's held-out ones left out),

@@ -325,38 +325,49 @@ def phase_params(params: Params, lr: float, steps: int, schedule: str) -> Params
 
 
 def verifier_rows(params: Params, tokenizer, train_path: Path):
-    """(prompt_ids, response_ids, rewards, groups): `value.pretrain.verifier_prompts` train prompts (a seeded
-    sample), each with its `verifier_texts` then eos."""
+    """(prompt_ids, response_ids, rewards, groups, rights): `value.pretrain.verifier_prompts` train prompts (a
+    seeded sample), each with its `verifier_texts` then eos; `rights` holds, for each row, its prompt's right
+    texts among them (what `on_track_labels` reads)."""
     from rlpipe.data.prompts import encode_prompts
 
     table = artifacts.read_parquet(train_path, columns=["prompt", "answer"]).to_pydict()
     rng = random.Random(f"{params.seed}:verifier")
     picked = rng.sample(range(len(table["prompt"])), min(params.value.pretrain.verifier_prompts, len(table["prompt"])))
     encoded = encode_prompts(tokenizer, [table["prompt"][i] for i in picked], params.data)
-    prompt_ids, response_ids, rewards, groups = [], [], [], []
+    prompt_ids, response_ids, rewards, groups, rights = [], [], [], [], []
     for group, (i, ids) in enumerate(zip(picked, encoded)):
-        for text, reward in verifier_texts(params.data.task, table["prompt"][i], table["answer"][i], rng):
+        texts = verifier_texts(params.data.task, table["prompt"][i], table["answer"][i], rng)
+        right = [text for text, reward in texts if reward == 1.0]
+        for text, reward in texts:
             prompt_ids.append(ids)
             response_ids.append(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
             rewards.append(reward)
             groups.append(group)
-    return prompt_ids, response_ids, rewards, groups
+            rights.append(right)
+    return prompt_ids, response_ids, rewards, groups, rights
 
 
 def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir: Path) -> dict:
     """The verifier phase: value pretraining's own loop (`pretrain_critic`, a quarter of the prompts held
     out) on `verifier_rows`, at `verifier_lr` for `verifier_steps` steps without early stopping, from
     `backbone`; the critic written to `out_dir` already answers "is this sum right" before eos, and value
-    pretraining starts from it with its head. Returns its held-out explained variance and steps."""
+    pretraining starts from it with its head; each state's target is the row's reward, or with
+    `verifier_targets: on_track` its `on_track_labels`. Returns its held-out explained variance and steps."""
     from transformers import AutoTokenizer
 
     cfg = params.value.pretrain
     phase = phase_params(params, cfg.verifier_lr, cfg.verifier_steps, cfg.verifier_lr_schedule)
-    prompt_ids, response_ids, rewards, groups = verifier_rows(params, AutoTokenizer.from_pretrained(backbone), train_path)
+    tokenizer = AutoTokenizer.from_pretrained(backbone)
+    prompt_ids, response_ids, rewards, groups, rights = verifier_rows(params, tokenizer, train_path)
+    labels = None
+    if cfg.verifier_targets == "on_track":
+        labels = pad_ragged([on_track_labels(right, response, tokenizer) for right, response in zip(rights, response_ids)],
+                            0.0, torch.float32)[0]
     # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
     # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
     metrics = pretrain_critic(phase, prompt_ids, response_ids, torch.tensor(rewards), groups, backbone, out_dir,
-                              eval_every=max(EVAL_EVERY, cfg.verifier_steps // 20), desc="verifier phase")
+                              eval_every=max(EVAL_EVERY, cfg.verifier_steps // 20), state_targets=labels,
+                              desc="verifier phase")
     return {"value/verifier_explained_variance": metrics["value/explained_variance"],
             "value/verifier_steps": metrics["value/pretrain_steps"], "value/verifier_rows": len(response_ids)}
 
