@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,12 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RLPIPE_PROGRESS", "0")
+# The local services the tests start (tracking daemons, warm workers, and those of the stages they run)
+# put their sockets in a private directory of this session, removed at its end, not in the user's own
+# (`rlpipe.local_service.service_dir`): a worker that a kill test SIGKILLs leaves its socket file behind.
+TEST_SERVICE_ROOT = tempfile.mkdtemp(prefix="rlpipe-test-services-")  # mode 0700, as service_dir requires
+os.environ["XDG_RUNTIME_DIR"] = TEST_SERVICE_ROOT
+atexit.register(shutil.rmtree, TEST_SERVICE_ROOT, True)
 
 
 @pytest.fixture(scope="session")
