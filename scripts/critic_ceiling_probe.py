@@ -82,7 +82,8 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     explained = {"oracle": oracle}
     for critic_dir in critic_dirs:
         critic, tokenizer = load_critic(critic_dir)
-        explained[critic_dir.name] = values = predict(critic, targets, params, tokenizer.pad_token_id)
+        # keyed by the path as given: two critics of one name (runs/critic/r0 of two projects) stay apart
+        explained[str(critic_dir)] = values = predict(critic, targets, params, tokenizer.pad_token_id)
         ev = explained_variance(values, returns, mask)
         print(f"{critic_dir}: critic EV {ev:.3f}, fraction of the ceiling {fraction_of_ceiling(ev, ceiling):.2f}")
     print_bootstrap(returns, mask, oracle, noise, {name: v for name, v in explained.items() if name != "oracle"})
