@@ -15,9 +15,11 @@ each critic's EV on them, the oracle EV and the fraction: the stage's figures, o
 first critic named). Then, by where a state is (the answer marker `#` written or not, the text still on
 track to a right response or not, `on_track_labels`, and how many tokens are left), the share of the
 squared error around the mean return that the oracle and each critic explain, beside what the state's
-coarse features alone explain (`coarse_values`): where the critic falls short. The oracle's values are
-kept in OUT/probe-N.pt, so a rerun with other critics samples nothing. Run it in the project the samples
-came from (its params.yaml and runs/policy/r0).
+coarse features alone explain (`coarse_values`), and those with the carries of the additions still to
+come: where the critic falls short. And each critic (and the oracle) set to 0 on the states off track
+(`print_check_bound`): what a perfect check of the written text could add. The oracle's values are kept
+in OUT/probe-N.pt, so a rerun with other critics samples nothing. Run it in the project the samples came
+from (its params.yaml and runs/policy/r0).
 """
 
 from __future__ import annotations
@@ -91,7 +93,11 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     on_track = pad_ragged([on_track_labels(r, response, tokenizer) for r, response in zip(right, probe_responses)],
                           0.0, torch.float32)[0]
 
-    explained["coarse"] = coarse_values(oracle, mask, probe_prompts, probe_responses, on_track, tokenizer)
+    print_check_bound(returns, mask, ceiling, on_track, explained)
+    folds = [groups[i] % 2 for i in rows]  # by prompt: no prompt's responses on both sides
+    explained["coarse"] = coarse_values(oracle, mask, probe_prompts, probe_responses, on_track, tokenizer, folds)
+    explained["coarse + carries to come"] = coarse_values(oracle, mask, probe_prompts, probe_responses, on_track,
+                                                          tokenizer, folds, with_carries=True)
     marker = tokenizer.convert_tokens_to_ids("#")
     # 0: steps (or nothing) written, on track; 1: the same, off track; 2: after `#`; 3: eos next
     where = torch.zeros_like(mask, dtype=torch.long)
@@ -112,25 +118,75 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
         print(f"{label} | {int(at.sum())} | {share:.3f} | " + " | ".join(f"{g:.3f}" for g in gains))
 
 
-def coarse_values(oracle, mask, prompt_ids, response_ids, on_track, tokenizer):
+def print_check_bound(returns, mask, ceiling, on_track, values: dict) -> None:
+    """What a perfect check of the written text could add to each critic (and where the oracle would go
+    with it): the EV of its values set to 0 on every state that has left the track (`on_track_labels`). A
+    critic whose gated EV is hardly above its own loses little to a poor check; an off-track state is not
+    always lost (a policy can slip in a copied running sum and still add the right numbers), so gating can
+    also cost, as the oracle's line shows."""
+    from rlpipe.models.critic import explained_variance, fraction_of_ceiling
+
+    for name, v in values.items():  # the oracle's EV here is its plain one, without the noise correction
+        plain, gated = (explained_variance(x * mask, returns, mask) for x in (v, v * on_track))
+        print(f"{name} set to 0 off track: EV {plain:.3f} -> {gated:.3f}, fraction of the ceiling "
+              f"{fraction_of_ceiling(plain, ceiling):.2f} -> {fraction_of_ceiling(gated, ceiling):.2f}")
+
+
+def coarse_values(oracle, mask, prompt_ids, response_ids, on_track, tokenizer, folds: list[int],
+                  with_carries: bool = False):
     """What a state's coarse features alone are worth: the oracle's mean value over the probe's states that
     share the prompt's operand count, the tokens written, the response's first token (its format: steps or
-    the answer alone) and the on-track label. A critic that explains no more than this column has learnt
-    the prompt's length, the response's format and progress, and whether it slipped, but not which of the
-    policy's additions are hard."""
+    the answer alone) and the on-track label; `with_carries` adds `carries_to_come` to the key. Each state
+    gets the mean over the states of the other fold (`folds`, 0 or 1 for each response, by its prompt), so
+    the column is measured on prompts it was not fit on, as the critics are; a key the other fold lacks
+    falls back to a shorter one (the key without the carries, the operand count alone, every state). A
+    critic that explains no more than the plain column has learnt the prompt's length, the response's
+    format and progress, and whether it slipped, but not which of the policy's additions are hard; the
+    carries are the first thing that makes an addition hard."""
     from collections import defaultdict
 
     keys, sums, counts = {}, defaultdict(float), defaultdict(int)
     for b, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
-        operands = tokenizer.decode(prompt, skip_special_tokens=True).count("+") + 1
+        prompt_text = tokenizer.decode(prompt, skip_special_tokens=True)
+        operands = prompt_text.count("+") + 1
         for t in range(len(response)):
-            key = keys[b, t] = (operands, t, response[0] if t else None, bool(on_track[b, t] > 0.5))
-            sums[key] += float(oracle[b, t])
-            counts[key] += 1
+            key = (operands, t, response[0] if t else None, bool(on_track[b, t] > 0.5))
+            if with_carries:
+                key += carries_to_come(prompt_text, tokenizer.decode(response[:t], skip_special_tokens=True))
+            # the key, then shorter ones to fall back on
+            keys[b, t] = levels = [key, key[:4], key[:1], ()]
+            for level in levels:
+                sums[folds[b], level] += float(oracle[b, t])
+                counts[folds[b], level] += 1
     values = torch.zeros_like(oracle)
-    for (b, t), key in keys.items():
-        values[b, t] = sums[key] / counts[key]
+    for (b, t), levels in keys.items():
+        other = 1 - folds[b]
+        level = next(level for level in levels if counts[other, level])
+        values[b, t] = sums[other, level] / counts[other, level]
     return values * mask
+
+
+def column_carries(a: int, b: int) -> int:
+    """How many columns of a + b carry."""
+    carries = carry = 0
+    while a or b:
+        carry = int(a % 10 + b % 10 + carry >= 10)
+        carries, a, b = carries + carry, a // 10, b // 10
+    return carries
+
+
+def carries_to_come(prompt: str, written: str) -> tuple[int, int]:
+    """(carries in the additions of the running sum not yet written as steps, carries in the next one) for
+    a prompt "a+b+...=" and the response written so far: a step ends at each step separator, so a
+    response that went straight to the answer marker has every addition still to do in its head."""
+    from rlpipe.data.tasks import ANSWER_MARKER, REASONING_STEP_SEPARATOR
+
+    numbers = [int(n) for n in prompt.rstrip("=").split("+")]
+    running = [sum(numbers[:k + 1]) for k in range(len(numbers))]
+    additions = [column_carries(running[k], numbers[k + 1]) for k in range(len(numbers) - 1)]
+    done = 0 if written.startswith(ANSWER_MARKER) else written.count(REASONING_STEP_SEPARATOR)
+    left = additions[done:]
+    return sum(left), left[0] if left else -1
 
 
 def print_bootstrap(returns, mask, oracle, noise, critics: dict, resamples: int = 2000) -> None:

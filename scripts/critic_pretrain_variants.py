@@ -15,7 +15,8 @@ its own training responses (underfitting or not generalising?). Variant keys: `l
 OUT/continuations-K-P.pt, the stage's draws), `backbone` (the critic's starting model, as
 `value.model.path`; default the init policy), `freeze_layers` (N: the embeddings and the first N decoder
 layers stay as the backbone has them; docs/critic.md measured it), `train_fraction` (f: a
-seeded share f of the training prompts, the held-out ones unchanged).
+seeded share f of the training prompts, the held-out ones unchanged), `draw` (n: the n-th other draw of
+value pretraining's minibatches, the same samples, split and start; 0 is the stage's).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
@@ -113,6 +114,19 @@ def frozen_parameters(critic, layers: int) -> list:
     return [*backbone.embed_tokens.parameters(), *(p for layer in backbone.layers[:layers] for p in layer.parameters())]
 
 
+def drawn_random(draw: int):
+    """`random` as `rlpipe.train.critic` sees it, with value pretraining's minibatch stream drawn again
+    (`draw` > 0); every other stream (the held-out split, the verifier's rows) stays the stage's."""
+    import random
+    import types
+
+    class Random(random.Random):
+        def __init__(self, key):
+            super().__init__(f"{key}:draw{draw}" if draw and str(key).endswith(":value_pretrain") else key)
+
+    return types.SimpleNamespace(Random=Random)
+
+
 def main(out: Path, variant: dict) -> None:
     import rlpipe.train.critic as critic_training
     from rlpipe.models.sequences import pad_ragged
@@ -164,6 +178,7 @@ def main(out: Path, variant: dict) -> None:
 
     critic_training.load_critic, critic_training.make_critic_optimizer = load_with_head, two_rates
     critic_training.explained_variance = recorded
+    critic_training.random = drawn_random(variant.get("draw", 0))
     torch.manual_seed(params.seed)
     critic_dir = out / f"critic-{len(list(out.glob('critic-*')))}"
     started = time.perf_counter()
