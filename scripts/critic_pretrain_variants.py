@@ -7,8 +7,8 @@
 
 Draws the samples the `value_pretrain` stage draws from `runs/policy/r0` (kept in OUT/samples-P.pkl, so
 every variant of one prompt count fits the same responses), then runs `pretrain_critic` with the
-variant's changes and prints the held-out explained variance every 5 steps and, at the end, the EV on
-its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
+variant's changes and prints the held-out explained variance every `eval_every` steps and, at the end,
+the EV on its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
 `head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
 `prompts`, `schedule` (`value.pretrain.lr_schedule`), `average_from` (`value.pretrain.average_from`),
 `target_continuations` (`value.pretrain.target_continuations`; the continuations' means are kept in
@@ -16,7 +16,8 @@ OUT/continuations-K-P.pt, the stage's draws), `backbone` (the critic's starting 
 `value.model.path`; default the init policy), `freeze_layers` (N: the embeddings and the first N decoder
 layers stay as the backbone has them; docs/critic.md measured it), `train_fraction` (f: a
 seeded share f of the training prompts, the held-out ones unchanged), `draw` (n: the n-th other draw of
-value pretraining's minibatches, the same samples, split and start; 0 is the stage's).
+value pretraining's minibatches, the same samples, split and start; 0 is the stage's), `eval_every` (steps
+between held-out evaluations, 5 as the stage; more prompts hold out more rows to evaluate).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
@@ -184,9 +185,10 @@ def main(out: Path, variant: dict) -> None:
     started = time.perf_counter()
     metrics = critic_training.pretrain_critic(params, prompt_ids, response_ids, torch.tensor(rewards), groups,
                                               Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir,
-                                              continuation_means=means)
+                                              continuation_means=means,
+                                              eval_every=variant.get("eval_every", critic_training.EVAL_EVERY))
     print(f"{json.dumps(variant)}: held-out EV {metrics['value/explained_variance']:.4f} after {metrics['value/pretrain_steps']} "
-          f"steps ({time.perf_counter() - started:.0f} s); every 5 steps {curve}", flush=True)
+          f"steps ({time.perf_counter() - started:.0f} s); every {variant.get('eval_every', critic_training.EVAL_EVERY)} steps {curve}", flush=True)
     if "value/averaged_steps" in metrics:
         print(f"that is the mean of its last {metrics['value/averaged_steps']} steps' weights; the last step's own: "
               f"{metrics['value/explained_variance_last_step']:.4f}", flush=True)
