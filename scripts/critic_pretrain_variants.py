@@ -8,8 +8,8 @@
 Draws the samples the `value_pretrain` stage draws from `runs/policy/r0` (kept in OUT/samples-P.pkl, so
 every variant of one prompt count fits the same responses), then runs `pretrain_critic` with the
 variant's changes and prints the held-out explained variance every `eval_every` steps and, at the end,
-the EV on its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone and head),
-`head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
+the EV on its own training responses (underfitting or not generalising?). Variant keys: `lr` (backbone
+and head), `head_lr` (the head alone), `head: mean` (the head zeroed, its bias at the mean return), `steps`,
 `prompts`, `schedule` (`value.pretrain.lr_schedule`), `average_from` (`value.pretrain.average_from`),
 `target_continuations` (`value.pretrain.target_continuations`; the continuations' means are kept in
 OUT/continuations-K-P.pt, the stage's draws), `backbone` (the critic's starting model, as
@@ -182,13 +182,13 @@ def main(out: Path, variant: dict) -> None:
     critic_training.random = drawn_random(variant.get("draw", 0))
     torch.manual_seed(params.seed)
     critic_dir = out / f"critic-{len(list(out.glob('critic-*')))}"
+    eval_every = variant.get("eval_every", critic_training.EVAL_EVERY)
     started = time.perf_counter()
     metrics = critic_training.pretrain_critic(params, prompt_ids, response_ids, torch.tensor(rewards), groups,
                                               Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir,
-                                              continuation_means=means,
-                                              eval_every=variant.get("eval_every", critic_training.EVAL_EVERY))
+                                              continuation_means=means, eval_every=eval_every)
     print(f"{json.dumps(variant)}: held-out EV {metrics['value/explained_variance']:.4f} after {metrics['value/pretrain_steps']} "
-          f"steps ({time.perf_counter() - started:.0f} s); every {variant.get('eval_every', critic_training.EVAL_EVERY)} steps {curve}", flush=True)
+          f"steps ({time.perf_counter() - started:.0f} s); every {eval_every} steps {curve}", flush=True)
     if "value/averaged_steps" in metrics:
         print(f"that is the mean of its last {metrics['value/averaged_steps']} steps' weights; the last step's own: "
               f"{metrics['value/explained_variance_last_step']:.4f}", flush=True)
