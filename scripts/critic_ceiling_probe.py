@@ -179,10 +179,12 @@ def carries_to_come(prompt: str, written: str) -> tuple[int, int]:
     """(carries in the additions of the running sum not yet written as steps, carries in the next one) for
     a prompt "a+b+...=" and the response written so far: a step ends at each step separator, so a
     response that went straight to the answer marker has every addition still to do in its head."""
-    from rlpipe.data.tasks import ANSWER_MARKER, REASONING_STEP_SEPARATOR
+    from itertools import accumulate
 
-    numbers = [int(n) for n in prompt.rstrip("=").split("+")]
-    running = [sum(numbers[:k + 1]) for k in range(len(numbers))]
+    from rlpipe.data.tasks import ANSWER_MARKER, REASONING_STEP_SEPARATOR, prompt_operands
+
+    numbers = prompt_operands(prompt)
+    running = list(accumulate(numbers))
     additions = [column_carries(running[k], numbers[k + 1]) for k in range(len(numbers) - 1)]
     done = 0 if written.startswith(ANSWER_MARKER) else written.count(REASONING_STEP_SEPARATOR)
     left = additions[done:]

@@ -8,8 +8,8 @@ import pytest
 
 from rlpipe.config import params_from_dict
 from rlpipe.config.params import ParamsError
-from rlpipe.data.tasks import (final_answer, generate_split, has_carry, longest_answer_chars, reasoning_solution,
-                               target_text, task_alphabet)
+from rlpipe.data.tasks import (final_answer, generate_split, has_carry, longest_answer_chars, prompt_operands,
+                               reasoning_solution, target_text, task_alphabet)
 from rlpipe.rewards import verify
 from rlpipe.stages.init import step_targets
 
@@ -24,6 +24,7 @@ def numbers_of(prompt: str) -> list[int]:
 
 def test_answers_are_exact_and_the_solution_writes_the_running_sums():
     assert reasoning_solution([12, 35, 8]) == "12+35=47;47+8=55;#55"
+    assert prompt_operands("12+35+8=") == [12, 35, 8]
     for ex in split(500):
         numbers = numbers_of(ex.prompt)
         assert ex.answer == str(sum(numbers))

@@ -85,6 +85,11 @@ def _no_carry_operands(rng: random.Random, count: int, digits: int) -> list[int]
     return numbers
 
 
+def prompt_operands(prompt: str) -> list[int]:
+    """The numbers of a synthetic prompt "a+b+...=" (addition's or reasoning's), in order."""
+    return [int(n) for n in prompt.rstrip("=").split("+")]
+
+
 def reasoning_steps(numbers: list[int]) -> list[str]:
     """The running-sum steps of a sum: "12+35=47", "47+8=55", ..."""
     steps, total = [], numbers[0]

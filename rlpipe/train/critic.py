@@ -304,11 +304,11 @@ def verifier_texts(task: str, prompt: str, answer: str, rng: random.Random) -> l
     """(response, reward) pairs for one train prompt, right then wrong. `addition`: its sum, and a near
     miss. `reasoning`: the running sums and the marked answer, and the same with one slip propagated;
     then the marked answer alone, and a near miss of it (the two ways its policy answers)."""
-    from rlpipe.data.tasks import ANSWER_MARKER, reasoning_solution
+    from rlpipe.data.tasks import ANSWER_MARKER, prompt_operands, reasoning_solution
 
     if task == "addition":
         return [(answer, 1.0), (near_miss(answer, rng), 0.0)]
-    numbers = [int(n) for n in prompt.rstrip("=").split("+")]
+    numbers = prompt_operands(prompt)
     return [(reasoning_solution(numbers), 1.0), (wrong_steps(numbers, rng), 0.0),
             (f"{ANSWER_MARKER}{answer}", 1.0), (f"{ANSWER_MARKER}{near_miss(answer, rng)}", 0.0)]
 
