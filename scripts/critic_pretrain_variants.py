@@ -17,7 +17,8 @@ OUT/continuations-K-P.pt, the stage's draws), `backbone` (the critic's starting 
 layers stay as the backbone has them; docs/critic.md measured it), `train_fraction` (f: a
 seeded share f of the training prompts, the held-out ones unchanged), `draw` (n: the n-th other draw of
 value pretraining's minibatches, the same samples, split and start; 0 is the stage's), `eval_every` (steps
-between held-out evaluations, 5 as the stage; more prompts hold out more rows to evaluate).
+between held-out evaluations, default the stage's `value.pretrain.eval_every`; more prompts hold
+out more rows to evaluate).
 Early stopping is off. The critic is written to OUT/critic-<n>; nothing under runs/ changes.
 """
 
@@ -182,7 +183,7 @@ def main(out: Path, variant: dict) -> None:
     critic_training.random = drawn_random(variant.get("draw", 0))
     torch.manual_seed(params.seed)
     critic_dir = out / f"critic-{len(list(out.glob('critic-*')))}"
-    eval_every = variant.get("eval_every", critic_training.EVAL_EVERY)
+    eval_every = variant.get("eval_every", params.value.pretrain.eval_every)
     started = time.perf_counter()
     metrics = critic_training.pretrain_critic(params, prompt_ids, response_ids, torch.tensor(rewards), groups,
                                               Path(variant.get("backbone", paths.policy_dir("r0"))), critic_dir,

@@ -185,6 +185,31 @@ def test_value_pretraining_writes_the_average_of_its_last_steps(tokenizer, tiny_
     assert metrics["value/explained_variance_last_step"] != metrics["value/explained_variance"]
 
 
+class StepRecorder:
+    """A tracker that keeps the metrics of each step, as `pretrain_critic` logs them."""
+
+    def __init__(self):
+        self.steps: dict[int, dict] = {}
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        self.steps[step] = metrics
+
+
+def test_value_pretraining_evaluates_every_eval_every_steps_and_stops_only_there(tokenizer, tiny_model_dir, tmp_path):
+    """`value.pretrain.eval_every: 3` over 7 steps: the held-out EV is taken after steps 3, 6 and 7 (the
+    last) and at no other; early stopping is checked only there, so a threshold any critic meets stops at
+    step 3, not at step 1."""
+    prompt, response_ids, rewards, groups = first_token_samples(tokenizer, "73" * 16, per_group=4)
+    for threshold, evaluated in ((1.0, [3, 6, 7]), (-1e9, [3])):
+        recorder = StepRecorder()
+        params = mini_params(max_steps=7, min_explained_variance=threshold, eval_every=3)
+        metrics = pretrain_critic(params, [prompt] * len(response_ids), response_ids, rewards, groups,
+                                  tiny_model_dir, tmp_path / f"critic-{len(evaluated)}", tracker=recorder)
+        assert [step for step, logged in sorted(recorder.steps.items())
+                if "value_pretrain/explained_variance" in logged] == evaluated
+        assert metrics["value/pretrain_steps"] == evaluated[-1]
+
+
 def test_continuation_targets_blend_the_return_with_the_continuations_mean():
     """(G_t + K m_t) / (K + 1) on the named rows' valid states, up to the width of `means`; padding stays 0
     and other rows keep their returns."""

@@ -544,6 +544,12 @@ class ValuePretrainConfig(Section):
     """Most optimizer steps of value pretraining; 0 leaves the fresh value head as it is."""
     min_explained_variance: float = Field(0.5, le=1)
     """Stop early once the held-out explained variance reaches this."""
+    eval_every: int = Field(5, ge=1)
+    """Steps between held-out evaluations (and after the last step), where early stopping is checked. Each is
+    a forward pass over the held-out responses, a quarter of `prompts` x M: with many prompts it outweighs
+    the training steps (on reasoning, 4,096 prompts: 600 steps evaluated every 5 took as long as 1,200
+    every 50; docs/critic.md, "More prompts"). The verifier and process phases evaluate 20 times in all, at
+    least this many steps apart. Evaluating changes no weight: only where early stopping stops."""
     prompts: int = Field(512, ge=1)
     """Prompts sampled from the init policy (M responses each) to fit the critic on, a quarter of them held
     out; past the train split's size the draw goes round it again. On reasoning's seed 1, from the

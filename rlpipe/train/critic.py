@@ -39,9 +39,6 @@ from rlpipe.train.loop import (WeightAverage, make_adamw, minibatches, optimizer
                                step_means)
 from rlpipe.train.schedule import Schedule, learning_rate
 
-EVAL_EVERY = 5
-
-
 @dataclass
 class ValueTargets:
     prompt_ids: list[list[int]]
@@ -198,17 +195,19 @@ def split_rows(seed: int, groups: list[int]) -> tuple[list[int], list[int]]:
 
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
                     groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None,
-                    continuation_means=None, eval_every: int = EVAL_EVERY, state_targets=None,
+                    continuation_means=None, eval_every: int | None = None, state_targets=None,
                     desc: str = "value pretrain") -> dict:
     """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
     `groups`, one group per prompt) and write the round-0 critic to `out_dir`. `oracle(rows, returns,
     values, mask)`, when given, measures the critic's ceiling on the held-out rows its EV is taken on.
     `continuation_means(rows)`, needed with `value.pretrain.target_continuations`, gives the (len(rows), W)
     mean reward of that many continuations from each state of the training rows (`blend_continuations`).
-    The held-out EV is taken every `eval_every` steps and after the last; evaluating changes no weight.
+    The held-out EV is taken every `eval_every` steps (default `value.pretrain.eval_every`) and after the
+    last; evaluating changes no weight.
     `state_targets` (B, T), when given, are fit in place of the returns of `rewards` (the process phase).
     `desc` names the phase in the progress bar."""
     cfg = params.value.pretrain
+    eval_every = eval_every or cfg.eval_every
     mask = pad_ragged(response_ids, 0, torch.long)[1]
     returns = (monte_carlo_returns(rewards, mask, params.algorithm.resolve().gamma) if state_targets is None
                else state_targets)
@@ -364,9 +363,9 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
         labels = pad_ragged([on_track_labels(right, response, tokenizer) for right, response in zip(rights, response_ids)],
                             0.0, torch.float32)[0]
     # no early stopping here, so the held-out EV is only reported: 20 evaluations in all, not one every
-    # EVAL_EVERY steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
+    # `eval_every` steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
     metrics = pretrain_critic(phase, prompt_ids, response_ids, torch.tensor(rewards), groups, backbone, out_dir,
-                              eval_every=max(EVAL_EVERY, cfg.verifier_steps // 20), state_targets=labels,
+                              eval_every=max(cfg.eval_every, cfg.verifier_steps // 20), state_targets=labels,
                               desc="verifier phase")
     return {"value/verifier_explained_variance": metrics["value/explained_variance"],
             "value/verifier_steps": metrics["value/pretrain_steps"], "value/verifier_rows": len(response_ids)}
@@ -398,7 +397,7 @@ def pretrain_process(params: Params, prompt_ids: list[list[int]], response_ids: 
     phase = phase_params(params, cfg.process_lr, cfg.process_steps, "constant")
     targets = pad_ragged(labels, 0.0, torch.float32)[0]
     metrics = pretrain_critic(phase, prompt_ids, response_ids, None, groups, backbone, out_dir,
-                              eval_every=max(EVAL_EVERY, cfg.process_steps // 20), state_targets=targets,
+                              eval_every=max(cfg.eval_every, cfg.process_steps // 20), state_targets=targets,
                               desc="process phase")
     states = sum(len(row) for row in labels)
     return {"value/process_explained_variance": metrics["value/explained_variance"],
