@@ -68,7 +68,7 @@ class ToyBackend:
         self.prompts = []
 
     def generate(self, rows, spec, desc=""):
-        self.prompts = rows.prompt_ids
+        self.prompts, self.seeds, self.uniforms = rows.prompt_ids, rows.prompt_seeds, rows.uniforms
         out = GenerationOutput()
         for k in range(len(rows.prompt_ids)):
             ids = [7, 7, 7, 2] if k % 2 == 0 else [8, 2]
@@ -93,6 +93,32 @@ def test_prefix_values_average_the_continuations_and_cut_them_at_the_room_left()
     assert backend.prompts[::2] == [[1, 5], [1, 5, 7], [1, 6], [1, 6, 8], [1, 6, 8, 8]]
     # the prefix of 2 tokens leaves room for 2 more (max_new_tokens 4): [7, 7, 7, eos] is cut to [7, 7]
     assert [8, 8, 7, 7] in scored and [8, 8, 8, 2] in scored
+
+
+def test_equal_states_share_the_continuations_their_first_occurrence_draws():
+    """Two responses to one prompt, [7, 2] and [7, 8, 2]: their first two states are the same (the prompt,
+    then the prompt and 7), so with `tasks` the same they are drawn once, with the seeds the first
+    occurrence has when nothing is shared, and both rows get the same values; a row of another task (its
+    score reads another answer) shares nothing."""
+    def score(rows, responses):
+        return [float(len(r) % 2) for r in responses]
+
+    def run(tasks):
+        backend = ToyBackend()
+        values, noise = prefix_values(backend, [[1, 5], [1, 5]], [[7, 2], [7, 8, 2]], score, continuations=2,
+                                      stream="oracle@test", seed=0, spec=SamplingSpec(4, 1.0, 0, 1.0), tasks=tasks)
+        return backend, values, noise
+
+    alone, values_alone, _ = run(None)
+    assert len(alone.prompts) == 5 * 2  # every state of every row
+    shared, values, noise = run(["a", "a"])
+    assert shared.prompts[::2] == [[1, 5], [1, 5, 7], [1, 5, 7, 8]]  # states 0, 1 of row 0, state 2 of row 1
+    assert shared.seeds == alone.seeds[:4] + alone.seeds[8:]
+    assert torch.equal(shared.uniforms, torch.cat([alone.uniforms[:4], alone.uniforms[8:]]))
+    assert values[1, :2].tolist() == values[0, :2].tolist() and noise[1, :2].tolist() == noise[0, :2].tolist()
+    assert values[1, 2] == values_alone[1, 2]
+    apart = run(["a", "b"])[0]
+    assert apart.prompts == alone.prompts and apart.seeds == alone.seeds
 
 
 def test_probed_rows_are_a_seeded_capped_sample():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
+from collections.abc import Hashable
 
 import torch
 
@@ -24,26 +24,41 @@ from rlpipe.rollout.generate import generate_from_ids
 
 
 def prefix_values(backend, prompt_ids: list[list[int]], response_ids: list[list[int]], score, *, continuations: int,
-                  stream: str, seed: int, spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
+                  stream: str, seed: int, spec: SamplingSpec,
+                  tasks: list[Hashable] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, noise), each (B, W) with W the longest response: the mean score of `continuations`
     continuations of every prefix, and that mean's estimated variance (sample variance / K); 0 past each
     response's end. `score(rows, full_response_ids)` scores whole responses of the given rows.
 
     A continuation of prefix t may take spec.max_new_tokens - t tokens, as the rest of the response did:
     all are generated with room for the longest and cut there, which draws the same tokens (sampling is
-    one token at a time, each row with its own seeded uniforms)."""
+    one token at a time, each row with its own seeded uniforms).
+
+    `tasks` holds, per row, what its score depends on besides the response (its answer and meta). States
+    of rows with the same prompt ids and task and the same prefix are one state, V* of one state is one
+    number, so they share one set of continuations: those their first occurrence draws, seeded as if it
+    were alone. The responses to one prompt mostly start alike (on reasoning, 44% of the states of 8
+    responses a prompt are distinct), so this saves more than half the generation. None: no sharing."""
     width = max(len(r) for r in response_ids)
     states = [(b, t) for b, response in enumerate(response_ids) for t in range(len(response))]
-    prefixes = [prompt_ids[b] + response_ids[b][:t] for b, t in states]
-    groups = generate_from_ids(backend, prefixes, list(range(len(states))), greedy_pattern=[False] * continuations,
+    drawn_by = list(range(len(states)))  # per state, the index in `states` of the state that draws for it
+    if tasks is not None:
+        first: dict[tuple, int] = {}  # a distinct state -> its first occurrence
+        drawn_by = [first.setdefault((tuple(prompt_ids[b]), tasks[b], tuple(response_ids[b][:t])), k)
+                    for k, (b, t) in enumerate(states)]
+    distinct = sorted(set(drawn_by))
+    prefixes = [prompt_ids[b] + response_ids[b][:t] for b, t in (states[k] for k in distinct)]
+    groups = generate_from_ids(backend, prefixes, distinct, greedy_pattern=[False] * continuations,
                                stream=stream, seed=seed, spec=spec, desc=f"{stream}: sample")
     full, rows = [], []
-    for k, ids in enumerate(groups.output.response_ids):
-        b, t = states[k // continuations]
+    for j, ids in enumerate(groups.output.response_ids):
+        b, t = states[distinct[j // continuations]]
         # cut at the room left (no eos then: one would have ended the continuation before)
         full.append(response_ids[b][:t] + ids[: spec.max_new_tokens - t])
         rows.append(b)
-    scores = torch.tensor(score(rows, full), dtype=torch.float64).view(len(states), continuations)
+    scores = torch.tensor(score(rows, full), dtype=torch.float64).view(len(distinct), continuations)
+    position = {k: j for j, k in enumerate(distinct)}
+    scores = scores[[position[k] for k in drawn_by]]  # each state gets the draws of the one drawing for it
     values, noise = torch.zeros((len(response_ids), width)), torch.zeros((len(response_ids), width))
     index = torch.tensor(states).T if states else torch.zeros((2, 0), dtype=torch.long)
     values[index[0], index[1]] = scores.mean(dim=1).float()
@@ -75,7 +90,8 @@ def continuation_means(params: Params, backend, prompt_ids: list[list[int]], res
     rollout = params.rollout
     return prefix_values(backend, prompt_ids, response_ids, outcome_scorer(params, backend.tokenizer, answers, metas),
                          continuations=continuations, stream=stream, seed=params.seed,
-                         spec=SamplingSpec(rollout.max_new_tokens, rollout.temperature, rollout.top_k, rollout.top_p))
+                         spec=SamplingSpec(rollout.max_new_tokens, rollout.temperature, rollout.top_k, rollout.top_p),
+                         tasks=list(zip(answers, metas)))
 
 
 def probed_rows(count: int, cap: int, seed: int, stream: str) -> list[int]:
