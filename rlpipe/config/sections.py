@@ -617,11 +617,12 @@ class ValuePretrainConfig(Section):
     held-out ones); value pretraining then fits, at each state, the mean of the response's own return and
     their K rewards, K + 1 samples of V(s_t) where the return alone is one (VinePPO's Monte-Carlo values).
     0 = the return alone. The continuations are drawn and scored as the oracle's (`value.oracle_ev`) and
-    cost K x (response length) generations per training response. On the reasoning task, after the verifier
-    phase, K = 2 over 2,048 prompts took 13-19 minutes at one thread beside another job and moved the
-    critic's fraction of its ceiling by +0.01 to +0.02 on three seeds, never down (docs/critic.md). Needs
-    `algorithm.gamma` 1 (their rewards are not discounted). The held-out EV is still taken against the
-    returns."""
+    cost K x (response length) generations per training response, less the states responses share (drawn
+    once: 44% of them are distinct on reasoning). On the reasoning task, after the verifier phase, K = 2
+    over 2,048 prompts took 13-19 minutes at one thread beside another job (before states were shared) and
+    moved the critic's fraction of its ceiling by +0.01 to +0.02 on three seeds, never down
+    (docs/critic.md). Needs `algorithm.gamma` 1 (their rewards are not discounted). The held-out EV is
+    still taken against the returns."""
 
 
 class OracleEVConfig(Section):
