@@ -39,6 +39,7 @@ from rlpipe.train.loop import (WeightAverage, make_adamw, minibatches, optimizer
                                step_means)
 from rlpipe.train.schedule import Schedule, learning_rate
 
+
 @dataclass
 class ValueTargets:
     prompt_ids: list[list[int]]
