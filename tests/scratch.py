@@ -4,6 +4,9 @@ params file, and `dvc` run in it the way a user runs it (no progress bars, its o
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -25,6 +28,31 @@ def dvc(root: Path, *args: str, timeout: int = 600) -> str:
     out = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True, timeout=timeout, env=scratch_env())
     assert out.returncode == 0, f"dvc {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
     return out.stdout + out.stderr
+
+
+def start_queue(root: Path, jobs: int, log: Path) -> None:
+    """`dvc queue start -j jobs`, its output into `log`. Not through pipes: the queue's workers inherit
+    the starting process's stdout and stderr, and the primary one can stay up long after its queue is
+    empty (its monitor asks it to shut down, and it sometimes never does), so reading a pipe to its end
+    waits on that worker, not on `dvc queue start`."""
+    from rlpipe.scratch_project import scratch_env
+
+    with open(log, "w") as out:
+        subprocess.run(["dvc", "queue", "start", "-j", str(jobs)], cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                       timeout=120, check=True, env=scratch_env())
+
+
+def stop_queue_workers(root: Path) -> None:
+    """End the queue workers a test started. `dvc queue stop` only asks them, and a worker that missed
+    its own shutdown misses that too; SIGTERM gives it celery's warm shutdown. The pids are in the
+    records DVC keeps of its workers (.dvc/tmp/exps/celery/<worker>.json)."""
+    for record in (root / ".dvc" / "tmp" / "exps" / "celery").glob("dvc-exp-worker-*.json"):
+        worker = json.loads(record.read_text())
+        if worker.get("returncode") is None and worker.get("pid"):
+            try:
+                os.kill(worker["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
 
 def stage_label(dvc_name: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from rlpipe.tracking.ui import metric_page
-from scratch import dvc, make_project, tracked_stages
+from scratch import dvc, make_project, start_queue, stop_queue_workers, tracked_stages
 
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(name)), None)
@@ -181,14 +181,17 @@ def test_a_two_experiment_queue_runs_in_parallel_and_exp_show_lists_both(tmp_pat
     root = make_project(tmp_path / "project")
     for name, preset in (("q-grpo", "grpo"), ("q-dr-grpo", "dr_grpo")):
         dvc(root, "exp", "run", "--queue", "-n", name, "-S", f"algorithm.preset={preset}")
-    dvc(root, "queue", "start", "-j", "2")
-    deadline = time.monotonic() + 900
-    while True:
-        status = dvc(root, "queue", "status")
-        if "Queued" not in status and "Running" not in status:
-            break
-        assert time.monotonic() < deadline, status
-        time.sleep(5)
+    start_queue(root, 2, tmp_path / "queue-start.log")
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            status = dvc(root, "queue", "status")
+            if "Queued" not in status and "Running" not in status:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(5)
+    finally:
+        stop_queue_workers(root)
     assert status.count("Success") == 2, status
     table = list(csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv"))))
     by_name = {row["Experiment"]: row for row in table if row.get("Experiment")}
