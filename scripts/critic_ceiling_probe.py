@@ -9,7 +9,8 @@ responses, so two variants with other prompts are probed on different responses,
 critic's EV on them and on all held-out responses differ by up to 0.2). This probes N responses, drawn
 from the held-out prompts of every sample file in OUT (value pretraining's prompts of one seed are the
 start of one permutation, so a larger file holds a smaller one's prompts), with the oracle of
-`rlpipe.rollout.oracle` under `value.oracle_ev.continuations` (8 where params.yaml has 0), and prints
+`rlpipe.rollout.oracle` under `value.oracle_ev.continuations` (8 where params.yaml has 0; drawn as
+`continuation_means` draws them for the stages, equal states sharing theirs), and prints
 each critic's EV on them, the oracle EV and the fraction: the stage's figures, on common ground, with
 95% bootstrap intervals over the probed responses (each fraction, and each critic's difference from the
 first critic named). Then, by where a state is (the answer marker `#` written or not, the text still on
@@ -41,8 +42,7 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     from rlpipe.models.sequences import pad_ragged
     from rlpipe.models.store import ModelStore
     from rlpipe.rollout import rollout_backend
-    from rlpipe.rollout.base import SamplingSpec
-    from rlpipe.rollout.oracle import outcome_scorer, prefix_values, probed_rows
+    from rlpipe.rollout.oracle import continuation_means, probed_rows
     from rlpipe.stages.value_pretrain import pretraining_prompts
     from rlpipe.train.critic import (ValueTargets, held_out_groups, monte_carlo_returns, on_track_labels,
                                      predict)
@@ -68,14 +68,13 @@ def main(out: Path, count: int, critic_dirs: list[Path]) -> None:
     if cache.is_file():
         oracle, noise = torch.load(cache)
     else:
+        # as every stage measures the oracle (equal states share their continuations); a probe measured
+        # before that shared nothing, and its cache above keeps the values it drew
         backend = rollout_backend(ModelStore(), paths.policy_dir("r0"), params.rollout, params.model.dtype)
-        rollout = params.rollout
-        oracle, noise = prefix_values(
-            backend, probe_prompts, probe_responses,
-            outcome_scorer(params, backend.tokenizer, [prompts["answer"][groups[i]] for i in rows],
-                           [prompts["meta"][groups[i]] for i in rows]),
-            continuations=params.value.oracle_ev.continuations or 8, stream="critic_ceiling_probe", seed=params.seed,
-            spec=SamplingSpec(rollout.max_new_tokens, rollout.temperature, rollout.top_k, rollout.top_p))
+        oracle, noise = continuation_means(params, backend, probe_prompts, probe_responses,
+                                           [prompts["answer"][groups[i]] for i in rows],
+                                           [prompts["meta"][groups[i]] for i in rows],
+                                           params.value.oracle_ev.continuations or 8, "critic_ceiling_probe")
         torch.save((oracle, noise), cache)
     ceiling = oracle_explained_variance(returns, mask, oracle, noise)
     print(f"oracle EV {ceiling:.3f} (uncorrected {oracle_explained_variance(returns, mask, oracle):.3f}) "
