@@ -38,8 +38,9 @@ def start_queue(root: Path, jobs: int, log: Path) -> None:
     from rlpipe.scratch_project import scratch_env
 
     with open(log, "w") as out:
-        subprocess.run(["dvc", "queue", "start", "-j", str(jobs)], cwd=root, stdout=out, stderr=subprocess.STDOUT,
-                       timeout=120, check=True, env=scratch_env())
+        code = subprocess.run(["dvc", "queue", "start", "-j", str(jobs)], cwd=root, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=120, env=scratch_env()).returncode
+    assert code == 0, f"dvc queue start -j {jobs} failed:\n{log.read_text()}"
 
 
 def stop_queue_workers(root: Path) -> None:
