@@ -320,3 +320,30 @@ def test_the_process_phase_fits_its_labels_at_its_own_rate(tokenizer, tiny_model
     assert metrics["value/process_rows"] == 32 and metrics["value/process_on_track_share"] == 0.75
     assert (tmp_path / "process" / "model.safetensors").is_file()
 
+
+
+def test_a_critic_from_the_policy_gets_a_fresh_head_quietly_and_a_partial_checkpoint_is_refused(
+        tiny_model_dir, tmp_path, caplog):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    with caplog.at_level("WARNING"):
+        critic, _ = load_critic(tiny_model_dir, from_policy=True)
+    assert "LOAD REPORT" not in caplog.text  # the new value head is expected, not reported
+    assert critic.score.weight.shape[0] == 1
+    shutil.copytree(tiny_model_dir, tmp_path / "critic")  # the tokenizer beside the critic's weights
+    critic.save_pretrained(tmp_path / "critic")
+    reloaded, _ = load_critic(tmp_path / "critic")
+    assert torch.equal(reloaded.score.weight, critic.score.weight)
+
+    with pytest.raises(ValueError, match="score"):  # a trained critic must bring its head
+        load_critic(tiny_model_dir)
+    partial = tmp_path / "partial"
+    shutil.copytree(tmp_path / "critic", partial)
+    weights = load_file(partial / "model.safetensors")
+    dropped = next(key for key in weights if key.startswith("model.layers.1."))
+    save_file({k: v for k, v in weights.items() if k != dropped}, partial / "model.safetensors", metadata={"format": "pt"})
+    for from_policy in (False, True):  # a backbone weight missing is never filled in at random
+        with pytest.raises(ValueError, match=f"{partial}: not a complete critic checkpoint: missing {dropped}"):
+            load_critic(partial, from_policy=from_policy)

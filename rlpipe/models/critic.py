@@ -9,6 +9,7 @@ file instead, with no model load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -38,9 +39,43 @@ def load_critic(path: str | Path, dtype: str = "float32", from_policy: bool = Fa
     config = AutoConfig.from_pretrained(path)
     if from_policy:  # one scalar head; no dropout on it (the generic head defaults to 0.1)
         config.num_labels, config.classifier_dropout = 1, 0.0
-    critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch_dtype(dtype))
+    # transformers logs a "LOAD REPORT" table for every key it did not find; from a policy the value
+    # head is new by design, so the report is checked here instead, and anything else is an error
+    with transformers_warnings_off("transformers.modeling_utils"):
+        critic, loading = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=torch_dtype(dtype), output_loading_info=True)
+    check_critic_keys(path, critic.base_model_prefix, loading, from_policy)
     critic.eval()
     return critic, AutoTokenizer.from_pretrained(path)
+
+
+def check_critic_keys(path: str, backbone_prefix: str, loading: dict, from_policy: bool) -> None:
+    """Raise unless the checkpoint held every backbone weight, and the head too unless the critic is new
+    (`from_policy`: a policy's LM head is then left over, and the value head starts fresh)."""
+    def head_only(keys) -> bool:
+        return all(not key.startswith(backbone_prefix + ".") for key in keys)
+
+    missing, unexpected = sorted(loading["missing_keys"]), sorted(loading["unexpected_keys"])
+    if missing and not (from_policy and head_only(missing)):
+        raise ValueError(f"{path}: not a complete critic checkpoint: missing {', '.join(missing[:6])}"
+                         f"{' ...' if len(missing) > 6 else ''}")
+    if unexpected and not (from_policy and head_only(unexpected)):
+        raise ValueError(f"{path}: holds weights a critic of its config does not have: "
+                         f"{', '.join(unexpected[:6])}{' ...' if len(unexpected) > 6 else ''}")
+
+
+@contextlib.contextmanager
+def transformers_warnings_off(logger_name: str):
+    """One transformers logger quiet below ERROR for the block."""
+    import logging
+
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def critic_forward(critic, batch):
