@@ -321,7 +321,6 @@ def test_the_process_phase_fits_its_labels_at_its_own_rate(tokenizer, tiny_model
     assert (tmp_path / "process" / "model.safetensors").is_file()
 
 
-
 def test_a_critic_from_the_policy_gets_a_fresh_head_quietly_and_a_partial_checkpoint_is_refused(
         tiny_model_dir, tmp_path, caplog):
     import shutil

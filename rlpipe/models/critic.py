@@ -55,13 +55,15 @@ def check_critic_keys(path: str, backbone_prefix: str, loading: dict, from_polic
     def head_only(keys) -> bool:
         return all(not key.startswith(backbone_prefix + ".") for key in keys)
 
-    missing, unexpected = sorted(loading["missing_keys"]), sorted(loading["unexpected_keys"])
+    def listed(keys) -> str:
+        keys = sorted(keys)
+        return ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else "")
+
+    missing, unexpected = loading["missing_keys"], loading["unexpected_keys"]
     if missing and not (from_policy and head_only(missing)):
-        raise ValueError(f"{path}: not a complete critic checkpoint: missing {', '.join(missing[:6])}"
-                         f"{' ...' if len(missing) > 6 else ''}")
+        raise ValueError(f"{path}: not a complete critic checkpoint: missing {listed(missing)}")
     if unexpected and not (from_policy and head_only(unexpected)):
-        raise ValueError(f"{path}: holds weights a critic of its config does not have: "
-                         f"{', '.join(unexpected[:6])}{' ...' if len(unexpected) > 6 else ''}")
+        raise ValueError(f"{path}: holds weights a critic of its config does not have: {listed(unexpected)}")
 
 
 @contextlib.contextmanager
