@@ -562,7 +562,8 @@ class ValuePretrainConfig(Section):
     running sums from the same with one slip carried to the answer), reward 1 or 0, in value pretraining's
     own loop; then value pretraining starts from it, head kept. On addition, 3,000 steps (about 20 minutes
     on 2 cores) took the critic from 0.02 to 0.63 of its ceiling (through `dvc repro value_pretrain` on
-    three seeds: 0.49, 0.76 and 0.67); on reasoning, 4,000 steps and then
+    three seeds: 0.49, 0.76 and 0.67), and 6,000 steps to 0.73, 0.78 and 0.73 on the same seeds; on
+    reasoning, 4,000 steps and then
     value pretraining of 300 steps at `value.lr` 3e-4 on 2,048 prompts took it from 0.44 to 0.71 on seed 0,
     and to 0.55 and 0.69 on seeds 1 and 2; on another CPU the three seeds gave 0.66, 0.60 and 0.73
     (docs/critic.md). A `value.lr` of 1e-3 after it
