@@ -40,8 +40,10 @@ def load_critic(path: str | Path, dtype: str = "float32", from_policy: bool = Fa
     if from_policy:  # one scalar head; no dropout on it (the generic head defaults to 0.1)
         config.num_labels, config.classifier_dropout = 1, 0.0
     # transformers logs a "LOAD REPORT" table for every key it did not find; from a policy the value
-    # head is new by design, so the report is checked here instead, and anything else is an error
-    with transformers_warnings_off("transformers.modeling_utils"):
+    # head is new by design, so the report is checked here instead, and anything else is an error. With
+    # that logger above WARNING, transformers 5.19 checks the model's tensor-parallel plan (used by no
+    # stage) and lists the layers it leaves unsharded, so that logger is held too.
+    with transformers_warnings_off("transformers.modeling_utils", "transformers.distributed.tensor_parallel"):
         critic, loading = AutoModelForTokenClassification.from_pretrained(
             path, config=config, dtype=torch_dtype(dtype), output_loading_info=True)
     check_critic_keys(path, critic.base_model_prefix, loading, from_policy)
@@ -67,17 +69,19 @@ def check_critic_keys(path: str, backbone_prefix: str, loading: dict, from_polic
 
 
 @contextlib.contextmanager
-def transformers_warnings_off(logger_name: str):
-    """One transformers logger quiet below ERROR for the block."""
+def transformers_warnings_off(*logger_names: str):
+    """Some transformers loggers quiet below ERROR for the block."""
     import logging
 
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in logger_names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def critic_forward(critic, batch):
