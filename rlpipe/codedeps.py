@@ -9,13 +9,21 @@ enters a dependency's hash.
 Exempt are the modules that move or observe results but never compute them (`EXEMPT`): a change there
 cannot change an artifact's bytes, and declaring them would rerun every stage for nothing. The rule,
 and the test that holds the library to it (tests/test_dependencies.py), are in docs/pipeline.md.
+
+DVC hashes these files in the project, but a stage runs the rlpipe its interpreter imports: an editable
+install of another clone, a copy in site-packages, or, in the warm worker, modules loaded before an edit.
+`check_running_code` stops a stage whose code differs from the project's, so that DVC never records
+outputs of one code under the hash of another.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 from functools import lru_cache
 from pathlib import Path
+
+from rlpipe.errors import PipelineError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_ROOT.parent
@@ -133,3 +141,40 @@ def stage_code_files(stage: str) -> list[str]:
 
     starts = [f"rlpipe.stages.{stage}", "rlpipe.config"] + (["rlpipe.models.store"] if STAGES[stage].uses_models else [])
     return [f"stages/{stage}.py", *code_files(*starts)]
+
+
+def source_md5(path: Path) -> str | None:
+    """The md5 of a source file, or None where there is none."""
+    try:
+        return hashlib.md5(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def running_code() -> dict[str, str]:
+    """The md5 of every source file of the rlpipe package this process imports, by repo-relative name,
+    read at the first call. The warm worker calls it before it imports the stages' modules: a module once
+    loaded stays as loaded when its file changes, so these stand for the code it runs all execution long."""
+    return {path.relative_to(REPO_ROOT).as_posix(): source_md5(path) for path in PACKAGE_ROOT.rglob("*.py")}
+
+
+def check_running_code(stage: str, root: Path) -> None:
+    """Stop stage `stage` when a library file its work depends on (`stage_code_files`) differs between the
+    rlpipe this process runs and the project at `root`, whose files DVC hashes. Exempt modules may differ:
+    they cannot change an artifact's bytes."""
+    running = running_code()
+    differ = [name for name in stage_code_files(stage)
+              if name.startswith("rlpipe/") and running.get(name) != source_md5(root / name)]
+    if not differ:
+        return
+    listed = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+    if PACKAGE_ROOT == (root / "rlpipe").resolve():
+        raise PipelineError(f"{listed} changed on disk after this process loaded them (edited during the "
+                            f"run?): the stage would run the old code while DVC records the new; run "
+                            f"`dvc repro` again")
+    raise PipelineError(f"this stage runs the rlpipe installed at {PACKAGE_ROOT}, not the project's "
+                        f"({root.resolve() / 'rlpipe'}), and the two differ in {listed}: DVC would record "
+                        f"outputs of that code under the project's hashes. Install the project into this "
+                        f"environment (`pip install -e {root.resolve()}`), or run `dvc` from the environment "
+                        f"it is installed in")

@@ -26,13 +26,12 @@ DVC, is recorded nowhere, and DVC reruns a stage whose outputs it did not write.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from rlpipe import paths
 from rlpipe.atomic import atomic_write_text
-from rlpipe.codedeps import stage_code_files
+from rlpipe.codedeps import source_md5, stage_code_files
 from rlpipe.config import Params
 from rlpipe.errors import PipelineError
 
@@ -56,17 +55,13 @@ def params_values(params: Params, keys: list[str]) -> dict:
     return values
 
 
-def file_md5(path: Path) -> str:
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
 def fingerprint(stage: str, params: Params, root: Path) -> dict:
     """What round stage `stage` depends on besides its data: params values and code hashes."""
     from rlpipe.pipeline import STAGE_PARAMS
 
     return {"stage": stage,
             "params": params_values(params, STAGE_PARAMS[stage]),
-            "code": {name: file_md5(root / name) for name in stage_code_files(stage)}}
+            "code": {name: source_md5(root / name) for name in stage_code_files(stage)}}
 
 
 def render(content: dict) -> str:

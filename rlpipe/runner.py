@@ -67,8 +67,10 @@ def process_age() -> float:
 
 def checked_params(name: str, round_name: str | None) -> Params:
     """params.yaml validated, and the stage checked against it: the round exists, the stage's declarations
-    in dvc.yaml are current, its fingerprint (under DVC) and its inputs (not pruned). Raises a
-    `PipelineError` naming the bad key or file."""
+    in dvc.yaml are current, the library code it runs is the project's (`check_running_code`), its
+    fingerprint (under DVC) and its inputs (not pruned). Raises a `PipelineError` naming the bad key or
+    file."""
+    from rlpipe.codedeps import check_running_code
     from rlpipe.config import load_params
     from rlpipe.fingerprints import check_fingerprint
     from rlpipe.pipeline import check_stage
@@ -79,6 +81,7 @@ def checked_params(name: str, round_name: str | None) -> Params:
     if round_name is not None and round_name not in params.round_names:
         raise PipelineError(f"round {round_name!r} is beyond `rounds: {params.rounds}` in params.yaml")
     check_stage(name, round_name, params, Path.cwd())
+    check_running_code(name, Path.cwd())
     # Under DVC only: DVC records the run against the fingerprint file, so a stale one would let a later
     # `dvc repro` serve these outputs for the old params. A run by hand is recorded nowhere; DVC sees
     # its outputs as modified and reruns the stage.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -336,3 +337,56 @@ def test_other_presets_read_only_what_they_declare(preset, tmp_path):
     root = make_project(tmp_path / "project", tmp_path / "params.yaml")
     dvc(root, "repro")
     assert_all_declared(check_every_stage(root))
+
+
+# --- the code a stage runs is the project's ---------------------------------------------------------
+def test_a_stage_refuses_library_code_other_than_the_projects(tmp_path):
+    """DVC hashes the project's rlpipe/*.py, but a stage runs the rlpipe its interpreter imports (another
+    clone's editable install, a copy in site-packages). Where the two differ in a file the stage depends
+    on, the stage stops before any work, naming the file and both places; a difference only in a file it
+    does not depend on, or in an exempt one, lets it run. End to end: the stage's process exits 1 with
+    that one message."""
+    from rlpipe.codedeps import check_running_code
+    from rlpipe.errors import PipelineError
+
+    root = make_project(tmp_path / "project")
+    check_running_code("update", root)
+    exempt = root / "rlpipe/runner.py"
+    exempt.write_text(exempt.read_text() + "\n# edited\n")
+    check_running_code("update", root)
+    code = root / "rlpipe/algorithms/kl.py"
+    code.write_text(code.read_text() + "\n# edited\n")
+    check_running_code("reward", root)
+    with pytest.raises(PipelineError, match=rf"installed at {re.escape(str(REPO / 'rlpipe'))}, not the project's .*differ in "
+                                            r"rlpipe/algorithms/kl.py: .*`pip install -e "):
+        check_running_code("update", root)
+
+    data_code = root / "rlpipe/data/__init__.py"
+    data_code.write_text(data_code.read_text() + "\n# edited\n")
+    stage = subprocess.run([sys.executable, "stages/prepare.py"], cwd=root, env=scratch_env(),
+                           capture_output=True, text=True, timeout=300)
+    assert stage.returncode == 1, stage.stderr
+    assert "differ in rlpipe/data/__init__.py" in stage.stderr and "Traceback" not in stage.stderr
+    assert not (root / "runs/data").exists()
+
+
+def test_a_library_file_edited_after_it_was_loaded_stops_the_stages_it_touches(tmp_path):
+    """Where the imported rlpipe is the project's own (an editable install of this clone), an edit made
+    after the process read the code (the warm worker reads it at its start, then serves a whole `dvc
+    repro`) stops the stages that depend on the file, naming it, rather than run the old code under the
+    new file's hash."""
+    root = tmp_path / "project"
+    shutil.copytree(REPO / "rlpipe", root / "rlpipe", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    script = ("import sys\nfrom pathlib import Path\n"
+              "from rlpipe.codedeps import check_running_code, running_code\n"
+              "from rlpipe.errors import PipelineError\n"
+              "root = Path.cwd()\nrunning_code()\ncheck_running_code('update', root)\n"
+              "code = root / 'rlpipe/algorithms/kl.py'\ncode.write_text(code.read_text() + '# edited\\n')\n"
+              "check_running_code('reward', root)\n"
+              "try:\n    check_running_code('update', root)\nexcept PipelineError as err:\n    sys.exit(str(err))\n")
+    run = subprocess.run([sys.executable, "-c", script], cwd=root, env={**scratch_env(), "PYTHONPATH": str(root)},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.startswith("rlpipe/algorithms/kl.py changed on disk after this process loaded them")
+    assert "run `dvc repro` again" in run.stderr

@@ -158,8 +158,10 @@ def serve(conn: socket.socket, project: Path, store, router: OutputRouter) -> No
 def import_stage_libraries():
     """What every stage would import, paid once, before the first request is accepted; the empty
     `ModelStore` the stages share."""
+    from rlpipe.codedeps import running_code
     from rlpipe.runner import trim_imports
 
+    running_code()  # the code as loaded: an edit during the execution then stops the stages it touches
     trim_imports()
     import torch  # noqa: F401
     import transformers.models.auto.modeling_auto  # noqa: F401
