@@ -111,11 +111,17 @@ def main() -> None:
     root = Path.cwd()
     try:
         params = load_params()
-        check_stage(STAGE, None, params, root)
     except PipelineError as err:
         sys.exit(f"{STAGE}: {err}")
+    # Once params.yaml is valid, and before the declarations' check: that check parses the library's
+    # import graph (0.2-0.3 s), and the worker's imports are what round 1 waits on. A worker started for
+    # a check that then fails exits with the dvc process.
     if params.runtime.warm_worker:
         from rlpipe.worker.client import start_early
 
         start_early(root.resolve())
+    try:
+        check_stage(STAGE, None, params, root)
+    except PipelineError as err:
+        sys.exit(f"{STAGE}: {err}")
     write_fingerprints(params, root)
