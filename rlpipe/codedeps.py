@@ -143,12 +143,8 @@ def stage_code_files(stage: str) -> list[str]:
     return [f"stages/{stage}.py", *code_files(*starts)]
 
 
-def source_md5(path: Path) -> str | None:
-    """The md5 of a source file, or None where there is none."""
-    try:
-        return hashlib.md5(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
+def source_md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 @lru_cache(maxsize=1)
@@ -165,7 +161,8 @@ def check_running_code(stage: str, root: Path) -> None:
     they cannot change an artifact's bytes."""
     running = running_code()
     differ = [name for name in stage_code_files(stage)
-              if name.startswith("rlpipe/") and running.get(name) != source_md5(root / name)]
+              if name.startswith("rlpipe/")
+              and (not (root / name).is_file() or running.get(name) != source_md5(root / name))]
     if not differ:
         return
     listed = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
