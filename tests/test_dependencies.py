@@ -377,7 +377,6 @@ def test_a_library_file_edited_after_it_was_loaded_stops_the_stages_it_touches(t
     new file's hash."""
     root = tmp_path / "project"
     shutil.copytree(REPO / "rlpipe", root / "rlpipe", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     script = ("import sys\nfrom pathlib import Path\n"
               "from rlpipe.codedeps import check_running_code, running_code\n"
               "from rlpipe.errors import PipelineError\n"
