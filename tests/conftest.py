@@ -52,6 +52,32 @@ def tiny_model_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
     return path
 
 
+@pytest.fixture
+def transformers_warnings():
+    """The messages of every record of WARNING or above that a "transformers" logger emits during the
+    test, taken by a handler on that logger itself (what a user's terminal would show). transformers'
+    `warning_once` messages are forgotten first, so that one an earlier test printed can show again."""
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    transformers_logging.warning_once.cache_clear()
+    records = Records()
+    logging.getLogger("transformers").addHandler(records)
+    try:
+        yield records.messages
+    finally:
+        logging.getLogger("transformers").removeHandler(records)
+
+
 @pytest.fixture(scope="session")
 def mini_run(tmp_path_factory):
     """One real `dvc repro` of tests/params_mini.yaml in a scratch project: (root, dvc's output). Tests

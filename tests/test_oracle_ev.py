@@ -4,6 +4,7 @@ prefix values it is computed from."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -133,3 +134,32 @@ def test_oracle_settings_name_the_key():
                          ({"max_responses": 0}, "value.oracle_ev.max_responses")):
         with pytest.raises(ParamsError, match=message):
             params_from_dict({"value": {"oracle_ev": raw}})
+
+
+def test_continuations_that_run_past_the_context_are_cut_without_a_warning(tiny_model, tokenizer,
+                                                                            transformers_warnings):
+    """Every continuation is generated with room for the longest, so the late prefixes of a long response
+    run past the model's context (the policy's 64 positions here), and transformers warned once per process
+    that generation "exceeded the model's predefined maximum length", about tokens that are cut. The
+    stage's log stays quiet, and what is kept still fits the response's budget."""
+    from rlpipe.rollout.hf import HFBackend
+
+    prompt = tokenizer("12+34=")["input_ids"]
+    response = tokenizer("1+2=3;3+4=7;7+5=12;12+6=18;#18")["input_ids"]
+    spec = SamplingSpec(len(response) + 8, 1.0, 0, 1.0)
+    assert len(prompt) + len(response) - 1 + spec.max_new_tokens > tiny_model.config.max_position_embeddings
+    kept = []
+
+    def score(rows, responses):
+        kept.extend(responses)
+        return [0.0] * len(responses)
+
+    backend = HFBackend(tiny_model, tokenizer, batch_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor a Python warning: one continuation has no variance to estimate
+        values, noise = prefix_values(backend, [prompt], [response], score, continuations=1, stream="oracle@test",
+                                      seed=0, spec=spec)
+    assert transformers_warnings == []
+    assert noise.isnan().all()
+    assert values.shape == (1, len(response))
+    assert len(kept) == len(response) and all(len(r) <= spec.max_new_tokens for r in kept)

@@ -9,12 +9,12 @@ file instead, with no model load.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
 
 from rlpipe import paths
+from rlpipe.models import transformers_warnings_off
 from rlpipe.dvc_state import stage_output_directory
 
 CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"
@@ -66,22 +66,6 @@ def check_critic_keys(path: str, backbone_prefix: str, loading: dict, from_polic
         raise ValueError(f"{path}: not a complete critic checkpoint: missing {listed(missing)}")
     if unexpected and not (from_policy and head_only(unexpected)):
         raise ValueError(f"{path}: holds weights a critic of its config does not have: {listed(unexpected)}")
-
-
-@contextlib.contextmanager
-def transformers_warnings_off(*logger_names: str):
-    """Some transformers loggers quiet below ERROR for the block."""
-    import logging
-
-    loggers = [logging.getLogger(name) for name in logger_names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def critic_forward(critic, batch):

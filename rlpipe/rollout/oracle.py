@@ -17,6 +17,7 @@ from collections.abc import Hashable
 import torch
 
 from rlpipe.config import Params
+from rlpipe.models import transformers_warnings_off
 from rlpipe.rewards import verify
 from rlpipe.rewards.shaping import overlong_penalty
 from rlpipe.rollout.base import SamplingSpec
@@ -27,8 +28,8 @@ def prefix_values(backend, prompt_ids: list[list[int]], response_ids: list[list[
                   stream: str, seed: int, spec: SamplingSpec,
                   tasks: list[Hashable] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, noise), each (B, W) with W the longest response: the mean score of `continuations`
-    continuations of every prefix, and that mean's estimated variance (sample variance / K); 0 past each
-    response's end. `score(rows, full_response_ids)` scores whole responses of the given rows.
+    continuations of every prefix, and that mean's estimated variance (sample variance / K; NaN for K = 1);
+    0 past each response's end. `score(rows, full_response_ids)` scores whole responses of the given rows.
 
     A continuation of prefix t may take spec.max_new_tokens - t tokens, as the rest of the response did:
     all are generated with room for the longest and cut there, which draws the same tokens (sampling is
@@ -48,8 +49,12 @@ def prefix_values(backend, prompt_ids: list[list[int]], response_ids: list[list[
                     for k, (b, t) in enumerate(states)]
     distinct = sorted(set(drawn_by))
     prefixes = [prompt_ids[b] + response_ids[b][:t] for b, t in (states[k] for k in distinct)]
-    groups = generate_from_ids(backend, prefixes, distinct, greedy_pattern=[False] * continuations,
-                               stream=stream, seed=seed, spec=spec, desc=f"{stream}: sample")
+    # Every continuation gets room for the longest, so late prefixes run past the model's context;
+    # transformers then warns that generation "exceeded the model's predefined maximum length". Those
+    # tokens are cut below (each state keeps max_new_tokens - t), and no kept token depends on them.
+    with transformers_warnings_off("transformers.generation.stopping_criteria"):
+        groups = generate_from_ids(backend, prefixes, distinct, greedy_pattern=[False] * continuations,
+                                   stream=stream, seed=seed, spec=spec, desc=f"{stream}: sample")
     full, rows = [], []
     for j, ids in enumerate(groups.output.response_ids):
         b, t = states[distinct[j // continuations]]
@@ -62,7 +67,10 @@ def prefix_values(backend, prompt_ids: list[list[int]], response_ids: list[list[
     values, noise = torch.zeros((len(response_ids), width)), torch.zeros((len(response_ids), width))
     index = torch.tensor(states).T if states else torch.zeros((2, 0), dtype=torch.long)
     values[index[0], index[1]] = scores.mean(dim=1).float()
-    noise[index[0], index[1]] = (scores.var(dim=1, unbiased=True) / continuations).float()
+    if continuations > 1:
+        noise[index[0], index[1]] = (scores.var(dim=1, unbiased=True) / continuations).float()
+    else:  # one draw has no spread to estimate it from (value pretraining's targets may take K = 1)
+        noise[index[0], index[1]] = float("nan")
     return values, noise
 
 
