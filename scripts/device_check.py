@@ -188,6 +188,8 @@ def main() -> int:
     params = params_from_dict({
         "algorithm": {"preset": "grpo"},
         "rollout": {"samples_per_prompt": args.samples, "max_new_tokens": args.response_len},
+        # the params describe the update only; the model is the shape's, whose context holds these rows
+        "model": {"tiny": {"max_positions": args.prompt_len + args.response_len}},
         "update": {"bf16": True, "minibatch_prompts": args.prompts, "micro_batch_tokens": 1 << 15},
     })
     vocab = SHAPES[args.shape]["vocab_size"]

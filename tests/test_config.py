@@ -59,12 +59,29 @@ def test_every_shipped_params_file_validates():
         ({"rollout": {"backend": "vllm", "bf16": True}}, "rollout.bf16"),
         ({"algorithm": {"preset": "dapo"}, "update": {"minibatch_mix": "rows"}}, "update.minibatch_mix"),
         ({"update": {"minibatch_mix": "prompts"}}, "update.minibatch_mix"),
+        # 16 prompt tokens ("99+99+99+99+99=" after <bos>) and 49 new ones do not fit the 64 positions
+        ({"data": {"task": "reasoning"}, "rollout": {"max_new_tokens": 49}}, "model.tiny.max_positions"),
+        ({"data": {"digits": 3}, "rollout": {"max_new_tokens": 56}}, "model.tiny.max_positions"),
     ],
 )
 def test_bad_params_name_the_key(patch, key):
     with pytest.raises(ParamsError) as err:
         params_from_dict(patch)
     assert f"  {key}: " in str(err.value)
+
+
+def test_the_embedded_model_must_hold_the_longest_prompt_and_response():
+    """At the limit it is accepted; a model given by path, or a real dataset, is not the embedded one's
+    affair (its context is the model's own)."""
+    params_from_dict({"data": {"task": "reasoning"}, "rollout": {"max_new_tokens": 48}})  # 16 + 48 = 64
+    params_from_dict({"data": {"digits": 3}, "rollout": {"max_new_tokens": 55}})  # "999+999=" after <bos>: 9
+    params_from_dict({"data": {"task": "reasoning"}, "rollout": {"max_new_tokens": 49},
+                      "model": {"tiny": {"max_positions": 65}}})
+    params_from_dict({"data": {"task": "reasoning"}, "rollout": {"max_new_tokens": 49}, "model": {"path": "any/model"}})
+    with pytest.raises(ParamsError, match=r"model.tiny.max_positions: 64 is shorter than the longest 'reasoning' "
+                                          r"prompt \(16 tokens with <bos>\) plus rollout.max_new_tokens = 49: set "
+                                          r"it to at least 65"):
+        params_from_dict({"data": {"task": "reasoning"}, "rollout": {"max_new_tokens": 49}})
 
 
 def test_evaluation_generates_without_the_rollouts_bf16():

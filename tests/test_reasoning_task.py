@@ -8,8 +8,8 @@ import pytest
 
 from rlpipe.config import params_from_dict
 from rlpipe.config.params import ParamsError
-from rlpipe.data.tasks import (final_answer, generate_split, has_carry, longest_answer_chars, prompt_operands,
-                               reasoning_solution, target_text, task_alphabet)
+from rlpipe.data.tasks import (final_answer, generate_split, has_carry, longest_answer_chars, longest_prompt_chars,
+                               prompt_operands, reasoning_solution, target_text, task_alphabet)
 from rlpipe.rewards import verify
 from rlpipe.stages.init import step_targets
 
@@ -57,6 +57,15 @@ def test_splits_are_seeded_distinct_and_bounded():
     with pytest.raises(ValueError, match="distinct reasoning prompts"):
         split(200, digits=1, terms=(2, 2))
     assert longest_answer_chars("reasoning", 2, 3, 5) == len("99+99=198;198+99=297;297+99=396;396+99=495;#495")
+
+
+@pytest.mark.parametrize("task, digits", [("addition", 1), ("addition", 3), ("chain", 2), ("reasoning", 2),
+                                          ("reasoning", 3)])
+def test_the_longest_prompt_is_the_longest_a_split_holds(task, digits):
+    """`longest_prompt_chars` (what the params check holds the embedded model's context to) is reached by
+    a split and never passed."""
+    prompts = [ex.prompt for ex in generate_split(task, 0, 60, digits, 3, terms=(2, 5))]
+    assert max(map(len, prompts)) == longest_prompt_chars(task, digits, 3, 5)
 
 
 def test_with_steps_and_direct_answers_are_both_verified():

@@ -108,6 +108,7 @@ class Params(Section):
             raise KeyedError("reward.verifier", f"{self.resolved_verifier()!r} cannot read data.task 'reasoning' "
                                                 f"answers (after '#'); use marked_answer or auto")
         self._warn_if_answers_truncated()
+        self._check_sequences_fit_the_embedded_model()
         return self
 
     def _warn_if_answers_truncated(self) -> None:
@@ -125,6 +126,23 @@ class Params(Section):
                           f"{self.data.task!r} answer with {self.data.digits}-digit operands ({needed} tokens with "
                           f"eos): those responses will be truncated; set rollout.max_new_tokens >= {needed}",
                           stacklevel=2)
+
+    def _check_sequences_fit_the_embedded_model(self) -> None:
+        """The embedded model is built for model.tiny.max_positions tokens: a synthetic prompt (one token a
+        character, after <bos>) and a response of rollout.max_new_tokens must fit, or the policy would
+        generate at positions it never saw in its warm start (nothing fails there: it silently degrades)."""
+        if self.data.source != "synthetic" or self.model.path is not None:
+            return
+        from rlpipe.data.tasks import longest_prompt_chars
+
+        prompt = 1 + longest_prompt_chars(self.data.task, self.data.digits, self.data.chain_terms, self.data.max_terms)
+        needed = prompt + self.rollout.max_new_tokens
+        if self.model.tiny.max_positions < needed:
+            raise KeyedError("model.tiny.max_positions", f"{self.model.tiny.max_positions} is shorter than the "
+                                                         f"longest {self.data.task!r} prompt ({prompt} tokens with "
+                                                         f"<bos>) plus rollout.max_new_tokens = "
+                                                         f"{self.rollout.max_new_tokens}: set it to at least "
+                                                         f"{needed}, or lower rollout.max_new_tokens")
 
     # derived settings, in one place -------------------------------------------------------------
     def resolved_verifier(self) -> VerifierName:

@@ -137,7 +137,8 @@ class TinyModelConfig(Section):
     intermediate: int = Field(512, ge=8)
     """Width of the MLP."""
     max_positions: int = Field(64, ge=8)
-    """Longest sequence (prompt + response) the model is built for."""
+    """Longest sequence (prompt + response) the model is built for. With a synthetic task, the longest
+    prompt plus `rollout.max_new_tokens` must fit (checked when params.yaml is read)."""
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> "TinyModelConfig":

@@ -141,6 +141,12 @@ def longest_answer_chars(task: str, digits: int, chain_terms: int, max_terms: in
     return sum(len(str(v)) for v in sums) + len(STEP_SEPARATOR) * (len(sums) - 1)
 
 
+def longest_prompt_chars(task: str, digits: int, chain_terms: int, max_terms: int = 2) -> int:
+    """Characters of the synthetic task's longest prompt ("99+99=" for 2-digit addition)."""
+    terms = {"addition": 2, "chain": chain_terms, "reasoning": max_terms}[task]
+    return terms * digits + terms  # the operands, the `+` between them and the `=`
+
+
 def generate_split(task: str, seed: int, count: int, digits: int, chain_terms: int,
                    exclude: frozenset[str] = frozenset(), terms: tuple[int, int] = (2, 2)) -> list[Example]:
     """`count` distinct examples whose prompts are not in `exclude` (the other split), seeded. `terms`:
