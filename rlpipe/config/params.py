@@ -130,7 +130,7 @@ class Params(Section):
     def _check_sequences_fit_the_embedded_model(self) -> None:
         """The embedded model is built for model.tiny.max_positions tokens: a synthetic prompt (one token a
         character, after <bos>) and a response of rollout.max_new_tokens must fit, or the policy would
-        generate at positions it never saw in its warm start (nothing fails there: it silently degrades)."""
+        generate at positions it never saw in its warm start (nothing fails: transformers only logs a reminder)."""
         if self.data.source != "synthetic" or self.model.path is not None:
             return
         from rlpipe.data.tasks import longest_prompt_chars
