@@ -173,5 +173,6 @@ def check_running_code(stage: str, root: Path) -> None:
     raise PipelineError(f"this stage runs the rlpipe installed at {PACKAGE_ROOT}, not the project's "
                         f"({root.resolve() / 'rlpipe'}), and the two differ in {listed}: DVC would record "
                         f"outputs of that code under the project's hashes. Install the project into this "
-                        f"environment (`pip install -e {root.resolve()}`), or run `dvc` from the environment "
-                        f"it is installed in")
+                        f"environment (`pip install -e {root.resolve()}`), put it first on the import path "
+                        f"(`PYTHONPATH={root.resolve()} dvc repro`, for a second clone sharing this "
+                        f"environment), or run `dvc` from the environment it is installed in")

@@ -368,6 +368,12 @@ def test_a_stage_refuses_library_code_other_than_the_projects(tmp_path):
     assert stage.returncode == 1, stage.stderr
     assert "differ in rlpipe/data/__init__.py" in stage.stderr and "Traceback" not in stage.stderr
     assert not (root / "runs/data").exists()
+    # the message's second way out: the project's own rlpipe first on the import path
+    assert f"PYTHONPATH={root.resolve()} dvc repro" in stage.stderr
+    stage = subprocess.run([sys.executable, "stages/prepare.py"], cwd=root, env={**scratch_env(), "PYTHONPATH": str(root)},
+                           capture_output=True, text=True, timeout=300)
+    assert stage.returncode == 0, stage.stderr
+    assert (root / "runs/data/train.parquet").is_file()
 
 
 def test_a_library_file_edited_after_it_was_loaded_stops_the_stages_it_touches(tmp_path):
