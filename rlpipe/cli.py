@@ -3,10 +3,12 @@
   rlpipe pipeline [--rounds N]         write dvc.yaml and rounds/rK/dvc.yaml from the code and params.yaml
   rlpipe params-reference             write docs/params.md, every params key with its default and meaning
   rlpipe prune --keep K [--remote R]  drop all but the latest K rounds' checkpoints (pushed to R first)
-  rlpipe compare [--round rK]          every preset's token coefficients on one round's cached batch
+  rlpipe runs [--all-branches]        one row per experiment: preset, changed params, pass@1, wall time
+  rlpipe plots-page [--check]         the offline page template of `dvc plots show`
+  rlpipe compare [--round rK]         every preset's token coefficients on one round's cached batch
   rlpipe update-node --round rK --node-rank K   node K of round K's multi-node update (update.nnodes)
-  rlpipe merge-lora runs/policy/rK OUT     a LoRA round merged into its base, as a plain checkpoint
-  rlpipe check-expectations            the seed's expected-value claims on an exact tabular environment
+  rlpipe merge-lora runs/policy/rK OUT   a LoRA round merged into its base, as a plain checkpoint
+  rlpipe check-expectations           the seed's expected-value claims on an exact tabular environment
 """
 
 from __future__ import annotations
