@@ -121,6 +121,10 @@ def execute(name: str, params: Params, round_name: str | None = None, tracker: S
         from rlpipe.models.store import ModelStore
 
         models = ModelStore()
+    if models is not None:
+        from rlpipe.models.device import resolve_device
+
+        models.device = resolve_device(params.runtime.device)
     from rlpipe.file_md5 import hash_wait_seconds  # here, not at the top: the thin client never hashes
 
     ctx = StageContext(name, params, round_name, tracker, models)

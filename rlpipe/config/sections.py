@@ -53,6 +53,13 @@ class RuntimeConfig(Section):
     """Run the stages' work in one resident worker per pipeline execution, which keeps torch imported and
     the models the last stage loaded or wrote in memory (README, "The warm worker"); the artifacts are
     the same bytes either way. false: every stage is a cold process that imports and loads everything."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where a stage's models run when it is one process: rollout (hf backend), advantage, evaluation,
+    value pretraining and an update with update.nproc 1. auto = the GPU when torch sees one, else the
+    CPU; cuda without a GPU stops the stage naming this key. The embedded model's warm start (init) stays
+    on the CPU, and an update under torchrun (nproc > 1) takes each rank's GPU (nccl) or the CPU (gloo)
+    whatever this says. Not part of any stage's DVC params, as the threads: it changes how a stage runs,
+    and on a GPU the last bits of what it writes, not what it computes."""
 
 
 # ----------------------------------------------------------------------------------------------

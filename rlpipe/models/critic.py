@@ -82,13 +82,15 @@ def critic_values(critic, pad_id: int, prompt_ids, response_ids, width: int, tok
     """(B, width) values of every response's states under `critic`, in token-budget chunks."""
     import torch
 
+    from rlpipe.models.device import model_device
     from rlpipe.models.sequences import pack, token_budget_chunks
 
     out = torch.zeros((len(prompt_ids), width))
+    device = model_device(critic)
     with torch.no_grad():
         for rows in token_budget_chunks([len(p) + width for p in prompt_ids], token_budget):
-            batch = pack(prompt_ids[rows], response_ids[rows], pad_id, response_width=width)
-            out[rows] = critic_forward(critic, batch)
+            batch = pack(prompt_ids[rows], response_ids[rows], pad_id, response_width=width).to(device)
+            out[rows] = critic_forward(critic, batch).to(out.device)
     return out
 
 

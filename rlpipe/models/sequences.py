@@ -173,9 +173,12 @@ def token_budget_chunks(lengths: Sequence[int], budget: int) -> list[slice]:
 def batched_response_logprobs(model, prompt_ids, response_ids, pad_id: int, temperature: float,
                               token_budget: int, response_width: int) -> torch.Tensor:
     """(B, response_width) logprobs of every response under `model`, in token-budget chunks."""
+    from rlpipe.models.device import model_device
+
     lengths = [len(p) + response_width for p in prompt_ids]
     out = torch.zeros((len(prompt_ids), response_width), dtype=torch.float32)
+    device = model_device(model)
     for rows in token_budget_chunks(lengths, token_budget):
-        batch = pack(prompt_ids[rows], response_ids[rows], pad_id, response_width=response_width)
-        out[rows] = response_logprobs(model, batch, temperature)[0]
+        batch = pack(prompt_ids[rows], response_ids[rows], pad_id, response_width=response_width).to(device)
+        out[rows] = response_logprobs(model, batch, temperature)[0].to(out.device)
     return out

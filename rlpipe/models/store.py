@@ -7,6 +7,12 @@ when the store loaded or wrote it. A lookup recomputes the identity from disk, s
 hand, checked out by DVC or written by another experiment (any of which changes a file's mtime or inode)
 is loaded again; a match means no file was rewritten since.
 
+The store loads models onto its `device` (`runtime.device`). On a GPU that the vLLM engine shares (the
+rollout stage), `offload` moves every model and optimizer state it holds to the CPU before the engine
+takes the GPU back, and a lookup moves what it hands out back onto the device: the trainer and the
+engine take turns on one GPU, as verl's colocated mode does. Written for CUDA; the development machine
+has no GPU, so only the CPU path (where both are no-ops) has run.
+
 A stage process (cold) uses a store of its own, which lives for that stage only. The warm worker keeps
 one store across the stages of a pipeline execution: the update leaves the trained policy, its
 optimizer and the critic in memory, keyed by the checkpoints it wrote, and the next rollout, advantage
@@ -68,13 +74,15 @@ class ModelStore:
     held: "OrderedDict[tuple[str, str], Held]" = field(default_factory=OrderedDict)
     engine: Any = None
     """The rollout engine that lives across checkpoints (vLLM), kept by `rlpipe.rollout.rollout_backend`."""
+    device: str = "cpu"
+    """Where loaded models go, and where handed-out models are: the stage's resolved `runtime.device`."""
     loads: int = 0
     """Checkpoints loaded from disk (the figure the warm worker exists to bring down)."""
     reused: int = 0
 
     # --- lookups -----------------------------------------------------------------------------------
-    def _key(self, kind: str, path: Path, dtype: str) -> tuple[str, str, str]:
-        return kind, str(Path(path).resolve()), dtype
+    def _key(self, kind: str, path: Path, dtype: str) -> tuple[str, str, str, str]:
+        return kind, str(Path(path).resolve()), dtype, self.device
 
     def _find(self, kind: str, path: Path, dtype: str, take: bool) -> tuple | None:
         key = self._key(kind, path, dtype)
@@ -89,7 +97,38 @@ class ModelStore:
             del self.held[key]
         else:
             self.held.move_to_end(key)
+        self._onto_device(held.objects)
         return held.objects
+
+    def _onto_device(self, objects: tuple) -> None:
+        """A held model (and its optimizer state) back on the store's device, after `offload`."""
+        from rlpipe.models.device import model_device, move_model
+
+        model, _, optimizer = objects
+        self._models_take_the_gpu()
+        if model_device(model).type != self.device:
+            move_model(model, self.device, optimizer)
+
+    def _models_take_the_gpu(self) -> None:
+        """Before a model is handed out on the GPU: the rollout engine gives its memory back (vLLM sleep
+        mode; the next rollout wakes it with that round's weights). A no-op on the CPU, without an
+        engine, or with sleep mode off (the engine then keeps `gpu_memory_utilization` of the GPU)."""
+        if self.device != "cpu" and self.engine is not None:
+            self.engine.release_memory()
+
+    def offload(self) -> None:
+        """Every held model and optimizer state to the CPU (a no-op on the CPU): the GPU is the rollout
+        engine's while it generates."""
+        from rlpipe.models.device import move_model
+
+        if self.device == "cpu":
+            return
+        for held in self.held.values():
+            model, _, optimizer = held.objects
+            move_model(model, "cpu", optimizer)
+        import torch
+
+        torch.cuda.empty_cache()  # give the freed blocks back to the driver, where vLLM can take them
 
     def _keep(self, kind: str, path: Path, dtype: str, objects: tuple, known: Identity | None) -> None:
         """Hold `objects` as what `path` holds, its identity taken before it was read (a file rewritten
@@ -104,13 +143,17 @@ class ModelStore:
         from rlpipe.models.policy import load_policy
 
         self.loads += 1
-        return load_policy(path, dtype)
+        model, tokenizer = load_policy(path, dtype)
+        self._models_take_the_gpu()
+        return model.to(self.device), tokenizer
 
     def _load_critic(self, path: Path, dtype: str):
         from rlpipe.models.critic import load_critic
 
         self.loads += 1
-        return load_critic(path, dtype)
+        critic, tokenizer = load_critic(path, dtype)
+        self._models_take_the_gpu()
+        return critic.to(self.device), tokenizer
 
     # --- the policy and the critic ----------------------------------------------------------------
     def _for_inference(self, kind: str, path: Path, dtype: str, load):

@@ -36,6 +36,7 @@ def _hf_backend(models, policy_path: Path, cfg: RolloutConfig, dtype: str):
 def _vllm_backend(models, policy_path: Path, cfg: RolloutConfig, dtype: str):
     from rlpipe.rollout.vllm import VLLMBackend, engine_settings
 
+    models.offload()  # on a GPU, the engine's turn: what the store holds waits on the CPU
     if models.engine is None or models.engine.settings != engine_settings(cfg, dtype, policy_path):
         from transformers import AutoTokenizer
 

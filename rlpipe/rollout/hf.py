@@ -67,13 +67,16 @@ class HFBackend:
         # KV cache, instead of computing the same prompt M times (prefill dominated the cost).
         starts = [0] + [k for k in range(1, len(prompts)) if prompts[k] != prompts[k - 1]]
         counts = torch.tensor([b - a for a, b in zip(starts, starts[1:] + [len(prompts)])])
-        unique_ids, unique_mask = pad_ragged([prompts[k] for k in starts], pad_id, torch.long, left=True)
+        device = self.model.device  # ids, masks and the sampler's uniforms go where the model is
+        unique_ids, unique_mask = (t.to(device) for t in pad_ragged([prompts[k] for k in starts], pad_id, torch.long,
+                                                                    left=True))
+        counts = counts.to(device)
         started = time.perf_counter()
         cache = self._shared_prefix_cache(unique_ids, unique_mask, counts)
         input_ids = unique_ids.repeat_interleave(counts, dim=0)
         sampler = SeededSampler(
-            uniforms=rows.uniforms[chunk], greedy=rows.greedy[chunk], prompt_width=input_ids.shape[1],
-            temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+            uniforms=rows.uniforms[chunk].to(device), greedy=rows.greedy[chunk].to(device),
+            prompt_width=input_ids.shape[1], temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
         )
         self.generation_config.max_new_tokens = spec.max_new_tokens
         result = self.model.generate(
@@ -88,7 +91,7 @@ class HFBackend:
         raw_logits = torch.stack(result.logits, dim=1)  # (b, steps, V), before any processor
         logprobs = torch.log_softmax(raw_logits.float() / spec.temperature, dim=-1)
         token_logprobs = logprobs.gather(-1, generated.unsqueeze(-1)).squeeze(-1)
-        return _trim(generated, token_logprobs, eos_id, pad_id, seconds)
+        return _trim(generated.cpu(), token_logprobs.cpu(), eos_id, pad_id, seconds)
 
     def _shared_prefix_cache(self, unique_ids: torch.Tensor, unique_mask: torch.Tensor, counts: torch.Tensor):
         """KV cache of all but the last prompt token of each distinct prompt, repeated per sample row

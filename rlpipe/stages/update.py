@@ -12,6 +12,7 @@ import shutil
 from rlpipe import paths
 from rlpipe.models.policy import check_compatible
 from rlpipe.train.critic import update_critic
+from rlpipe.train.distributed import World
 from rlpipe.train.policy import update_policy
 from rlpipe.train.torchrun import launch
 
@@ -23,11 +24,12 @@ def update(ctx) -> dict:
     ctx.models.release_accelerator()  # the warm worker's rollout engine sleeps while the trainer runs
     try:
         if params.update.world_size == 1:  # several nodes go through torchrun even with nproc 1
+            world = World(device=ctx.models.device)  # one process, on runtime.device
             metrics = update_policy(params, round_name, paths.batch_path(round_name), paths.policy_dir(prev),
-                                    paths.policy_dir(round_name), ctx.tracker, models=ctx.models)
+                                    paths.policy_dir(round_name), ctx.tracker, world, models=ctx.models)
             metrics.pop("step_metrics")
             metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),
-                                         paths.critic_dir(round_name), models=ctx.models))
+                                         paths.critic_dir(round_name), world, models=ctx.models))
         else:
             metrics = launch(params, round_name)
     except BaseException:

@@ -108,6 +108,9 @@ def value_pretrain(ctx) -> dict:
 
     backend = rollout_backend(ctx.models, paths.policy_dir("r0"), params.rollout, params.model.dtype)
     samples = pretraining_samples(params, backend)
+    # the critic trains beside the policy that samples for it: with vLLM on the same GPU, the engine stays
+    # awake through this stage, so `rollout.vllm.gpu_memory_utilization` must leave the critic its room
+    device = ctx.models.device
     backbone = params.value.model.path or paths.policy_dir("r0")
     from rlpipe.rollout.oracle import continuation_means, oracle_metrics
 
@@ -124,13 +127,13 @@ def value_pretrain(ctx) -> dict:
     with tempfile.TemporaryDirectory(prefix="rlpipe-verifier-") as scratch:
         verifier, process = {}, {}
         if params.value.pretrain.verifier_steps:  # the critic starts as a verifier, an intermediate model only
-            verifier = pretrain_verifier(params, Path(backbone), paths.TRAIN, Path(scratch) / "verifier")
+            verifier = pretrain_verifier(params, Path(backbone), paths.TRAIN, Path(scratch) / "verifier", device)
             backbone = Path(scratch) / "verifier"
         if params.value.pretrain.process_steps:  # then learns the check on the policy's own responses
             process = pretrain_process(params, *process_rows(params, backend), Path(backbone),
-                                       Path(scratch) / "process")
+                                       Path(scratch) / "process", device)
             backbone = Path(scratch) / "process"
         metrics = pretrain_critic(params, samples.prompt_ids, samples.response_ids, torch.tensor(samples.rewards),
                                   samples.groups, backbone, paths.critic_dir("r0"), ctx.tracker, ctx.models,
-                                  oracle if params.value.oracle_ev.continuations else None, means)
+                                  oracle if params.value.oracle_ev.continuations else None, means, device=device)
     return {**metrics, **verifier, **process}

@@ -92,11 +92,13 @@ def value_step(critic, optimizer, targets: ValueTargets | None, params: Params, 
 
 @torch.no_grad()
 def predict(critic, targets: ValueTargets, params: Params, pad_id: int) -> torch.Tensor:
-    width = targets.mask.shape[1]
+    from rlpipe.models.device import model_device
+
+    width, device = targets.mask.shape[1], model_device(critic)
     out = torch.zeros_like(targets.returns)
     for rows in token_budget_chunks([len(p) + width for p in targets.prompt_ids], params.update.micro_batch_tokens):
-        out[rows] = critic_forward(critic, pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id,
-                                                response_width=width))
+        batch = pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id, response_width=width).to(device)
+        out[rows] = critic_forward(critic, batch).to(out.device)
     return out
 
 
@@ -197,7 +199,7 @@ def split_rows(seed: int, groups: list[int]) -> tuple[list[int], list[int]]:
 def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]], rewards: torch.Tensor,
                     groups: list[int], backbone: Path, out_dir: Path, tracker=None, models=None, oracle=None,
                     continuation_means=None, eval_every: int | None = None, state_targets=None,
-                    desc: str = "value pretrain") -> dict:
+                    desc: str = "value pretrain", device: str = "cpu") -> dict:
     """Fit a fresh value head on `backbone` to the Monte-Carlo returns of the given responses (rows of
     `groups`, one group per prompt) and write the round-0 critic to `out_dir`. `oracle(rows, returns,
     values, mask)`, when given, measures the critic's ceiling on the held-out rows its EV is taken on.
@@ -206,7 +208,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     The held-out EV is taken every `eval_every` steps (default `value.pretrain.eval_every`) and after the
     last; evaluating changes no weight.
     `state_targets` (B, T), when given, are fit in place of the returns of `rewards` (the process phase).
-    `desc` names the phase in the progress bar."""
+    `desc` names the phase in the progress bar; the critic trains on `device`."""
     cfg = params.value.pretrain
     eval_every = eval_every or cfg.eval_every
     mask = pad_ragged(response_ids, 0, torch.long)[1]
@@ -223,6 +225,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
     targets = ValueTargets(prompt_ids, response_ids, returns, None, mask)
 
     critic, tokenizer = load_critic(backbone, params.model.dtype, from_policy=True)
+    critic, world = critic.to(device), World(device=device)
     optimizer = make_critic_optimizer(critic, params, None)
     rng = random.Random(f"{params.seed}:value_pretrain")
     batch_rows = params.update.minibatch_prompts * params.rollout.samples_per_prompt
@@ -242,7 +245,7 @@ def pretrain_critic(params: Params, prompt_ids: list[list[int]], response_ids: l
                 group["lr"] = peak * decay
             critic.train()
             stats = value_step(critic, optimizer, targets.rows(rng.sample(train_idx, min(batch_rows, len(train_idx)))),
-                               params, tokenizer.pad_token_id, f"value_pretrain step {step}")
+                               params, tokenizer.pad_token_id, f"value_pretrain step {step}", world)
             step += 1
             if average is not None and step > cfg.average_from * cfg.max_steps:
                 average.add(critic)
@@ -347,7 +350,7 @@ def verifier_rows(params: Params, tokenizer, train_path: Path):
     return prompt_ids, response_ids, rewards, groups, rights
 
 
-def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir: Path) -> dict:
+def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir: Path, device: str = "cpu") -> dict:
     """The verifier phase: value pretraining's own loop (`pretrain_critic`, a quarter of the prompts held
     out) on `verifier_rows`, at `verifier_lr` for `verifier_steps` steps without early stopping, from
     `backbone`; the critic written to `out_dir` already answers "is this sum right" before eos, and value
@@ -367,7 +370,7 @@ def pretrain_verifier(params: Params, backbone: Path, train_path: Path, out_dir:
     # `eval_every` steps (on reasoning's 7,000 held-out rows those took two thirds of the phase's time)
     metrics = pretrain_critic(phase, prompt_ids, response_ids, torch.tensor(rewards), groups, backbone, out_dir,
                               eval_every=max(cfg.eval_every, cfg.verifier_steps // 20), state_targets=labels,
-                              desc="verifier phase")
+                              desc="verifier phase", device=device)
     return {"value/verifier_explained_variance": metrics["value/explained_variance"],
             "value/verifier_steps": metrics["value/pretrain_steps"], "value/verifier_rows": len(response_ids)}
 
@@ -388,7 +391,8 @@ def on_track_labels(right: list[str], response_ids: list[int], tokenizer) -> lis
 
 
 def pretrain_process(params: Params, prompt_ids: list[list[int]], response_ids: list[list[int]],
-                     labels: list[list[float]], groups: list[int], backbone: Path, out_dir: Path) -> dict:
+                     labels: list[list[float]], groups: list[int], backbone: Path, out_dir: Path,
+                     device: str = "cpu") -> dict:
     """The process phase: value pretraining's loop (`pretrain_critic`, a quarter of the groups held out) on
     the responses' state labels (`on_track_labels`, one list per response; the stage's `process_rows`),
     at `process_lr` for `process_steps` steps without early stopping, from `backbone`; value pretraining
@@ -399,7 +403,7 @@ def pretrain_process(params: Params, prompt_ids: list[list[int]], response_ids: 
     targets = pad_ragged(labels, 0.0, torch.float32)[0]
     metrics = pretrain_critic(phase, prompt_ids, response_ids, None, groups, backbone, out_dir,
                               eval_every=max(cfg.eval_every, cfg.process_steps // 20), state_targets=targets,
-                              desc="process phase")
+                              desc="process phase", device=device)
     states = sum(len(row) for row in labels)
     return {"value/process_explained_variance": metrics["value/explained_variance"],
             "value/process_steps": metrics["value/pretrain_steps"], "value/process_rows": len(response_ids),

@@ -44,7 +44,9 @@ def make_adamw(parameters, lr: float, *, betas: tuple[float, float] = (0.9, 0.99
     """AdamW, with its state (and hyperparameters but the lr) restored from `state_path` when given."""
     optimizer = torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay)
     if state_path is not None:
-        optimizer.load_state_dict(torch.load(state_path, weights_only=True))
+        # read onto the CPU (a file written on a GPU loads anywhere); load_state_dict moves the state onto
+        # the parameters' device
+        optimizer.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=True))
         set_lr(optimizer, lr)
     return optimizer
 
