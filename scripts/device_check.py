@@ -7,7 +7,9 @@ On a GPU (a session lent the device machine runs it once, under 10 minutes on on
   each in a one-process group on the one GPU: seconds per step, tokens/s, peak GPU memory per step;
 - logprob agreement between the advantage stage's pass (`batched_response_logprobs`, no grad) and the
   update's (`response_logprobs` on the packed batch), in fp32 and under the update's bf16 autocast;
-- the HF rollout backend's tokens/s (`rlpipe.rollout.hf.HFBackend`), with the peak memory.
+- the HF rollout backend's tokens/s (`rlpipe.rollout.hf.HFBackend`), with the peak memory;
+- the model store's offload while vLLM generates: policy and AdamW state to the CPU and back, bit for
+  bit, with the memory freed and the seconds each way (`offload_round_trip`).
 
 Without a GPU it runs the same steps on the CPU with `--shape tiny` in seconds: that is how it is tested
 (tests/test_device_check.py). Nothing here is a benchmark with a baseline; the figures are recorded in
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import copy
 import json
+import math
 import os
 import random
 import statistics
@@ -139,6 +142,42 @@ def update_steps(model, columns, params, strategy: str, steps: int, device: str)
             "train_tokens_per_s": tokens / steady, "peak_gib_per_step": peaks, "losses": losses}
 
 
+def offload_round_trip(model, columns, params, device: str) -> dict:
+    """What the warm worker's model store does on a GPU that the vLLM engine shares: the policy and its
+    AdamW state (after one optimizer step) to the CPU and back (`rlpipe.models.device.move_model`). The
+    GPU memory it frees, the seconds each way, whether every parameter and state tensor comes back bit
+    for bit, and whether the optimizer still trains the model afterwards (one more step)."""
+    from rlpipe.models.device import move_model
+    from rlpipe.train.distributed import World
+    from rlpipe.train.policy import Minibatch, make_optimizer, train_step
+
+    model = copy.deepcopy(model).train()
+    optimizer = make_optimizer(model, params.update)
+    minibatch = Minibatch.of(columns, list(range(len(columns["group"]))))
+    train_step(model, optimizer, minibatch, params, PAD, "device check offload step 1", World(device=device))
+    before = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+    states = {name: {k: v.cpu().clone() for k, v in optimizer.state[p].items()} for name, p in model.named_parameters()}
+    synchronize(device)
+    allocated = torch.cuda.memory_allocated() if device.startswith("cuda") else None
+    began = time.perf_counter()
+    move_model(model, "cpu", optimizer)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    to_cpu = time.perf_counter() - began
+    freed = None if allocated is None else (allocated - torch.cuda.memory_allocated()) / 2**30
+    began = time.perf_counter()
+    move_model(model, device, optimizer)
+    synchronize(device)
+    back = time.perf_counter() - began
+    exact = all(torch.equal(p.detach().cpu(), before[name]) and
+                all(torch.equal(v.cpu(), states[name][k]) for k, v in optimizer.state[p].items())
+                for name, p in model.named_parameters())
+    metrics = train_step(model, optimizer, minibatch, params, PAD, "device check offload step 2", World(device=device))
+    moved = any(not torch.equal(p.detach().cpu(), before[name]) for name, p in model.named_parameters())
+    return {"to_cpu_seconds": to_cpu, "back_seconds": back, "gib_freed": freed, "bitwise_equal": exact,
+            "trains_after": bool(moved and math.isfinite(metrics["loss"]))}
+
+
 def rollout_speed(model, prompts: int, samples: int, prompt_len: int, response_len: int, vocab: int, device: str) -> dict:
     from rlpipe.rollout.base import GenerationRows, SamplingSpec
     from rlpipe.rollout.hf import HFBackend
@@ -212,6 +251,7 @@ def main() -> int:
         "update": {strategy: update_steps(model, columns, params, strategy, args.steps, device)
                    for strategy in ("ddp", "fsdp2")},
         "rollout_hf": rollout_speed(model, args.prompts, args.samples, args.prompt_len, args.response_len, vocab, device),
+        "offload_round_trip": offload_round_trip(model, columns, params, device),
     }
     figures["seconds"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)

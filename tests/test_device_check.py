@@ -29,5 +29,8 @@ def test_device_check_runs_on_cpu_with_a_tiny_shape(tmp_path):
         assert all(math.isfinite(loss) for loss in update["losses"])
     # one-process DDP and FSDP2 take the same first step from the same weights
     assert math.isclose(figures["update"]["ddp"]["losses"][0], figures["update"]["fsdp2"]["losses"][0], rel_tol=1e-2)
+    # the store's offload round trip returns every tensor as it was, and the optimizer still trains the model
+    trip = figures["offload_round_trip"]
+    assert trip["bitwise_equal"] and trip["trains_after"] and trip["gib_freed"] is None  # no GPU memory here
     rollout = figures["rollout_hf"]
     assert rollout["responses"] == 8 and 0 < rollout["generated_tokens"] <= 64 and rollout["tokens_per_s"] > 0
