@@ -31,6 +31,7 @@ def update(ctx) -> dict:
             metrics.update(update_critic(params, round_name, paths.batch_path(round_name), paths.critic_dir(prev),
                                          paths.critic_dir(round_name), world, models=ctx.models))
         else:
+            ctx.models.offload()  # the ranks' own processes take the GPUs: the worker's models wait on the CPU
             metrics = launch(params, round_name)
     except BaseException:
         shutil.rmtree(paths.policy_dir(round_name), ignore_errors=True)
