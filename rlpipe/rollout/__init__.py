@@ -36,13 +36,18 @@ def _hf_backend(models, policy_path: Path, cfg: RolloutConfig, dtype: str):
 def _vllm_backend(models, policy_path: Path, cfg: RolloutConfig, dtype: str):
     from rlpipe.rollout.vllm import VLLMBackend, engine_settings
 
-    models.offload()  # on a GPU, the engine's turn: what the store holds waits on the CPU
+    # On a GPU, the engine's turn: what the store holds waits on the CPU while an engine starts (it sizes
+    # its memory from what is free) or wakes from sleep mode; an engine without sleep mode keeps its share
+    # all along, beside the models.
     if models.engine is None or models.engine.settings != engine_settings(cfg, dtype, policy_path):
         from transformers import AutoTokenizer
 
         models.engine = None  # the old engine's memory goes before the new one takes its own
+        models.offload()
         models.engine = VLLMBackend(str(policy_path), AutoTokenizer.from_pretrained(str(policy_path)), cfg, dtype=dtype)
     else:
+        if models.engine.sleep_mode:
+            models.offload()
         models.engine.startup_seconds = 0.0  # started for an earlier checkpoint
         models.engine.use_weights(policy_path)
     return models.engine
