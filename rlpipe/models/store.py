@@ -119,15 +119,15 @@ class ModelStore:
     def offload(self) -> None:
         """Every held model and optimizer state to the CPU (a no-op on the CPU): the GPU is the rollout
         engine's while it generates."""
-        from rlpipe.models.device import move_model
-
         if self.device == "cpu":
             return
+        import torch
+
+        from rlpipe.models.device import move_model
+
         for held in self.held.values():
             model, _, optimizer = held.objects
             move_model(model, "cpu", optimizer)
-        import torch
-
         torch.cuda.empty_cache()  # give the freed blocks back to the driver, where vLLM can take them
 
     def _keep(self, kind: str, path: Path, dtype: str, objects: tuple, known: Identity | None) -> None:
