@@ -29,8 +29,8 @@ import torch
 from rlpipe import artifacts, paths
 from rlpipe.dvc_state import stage_output_directory
 from rlpipe.config import Params
-from rlpipe.models.critic import (CRITIC_OPTIMIZER_FILE, critic_forward, explained_variance, load_critic,
-                                  write_no_critic_marker)
+from rlpipe.models.critic import (CRITIC_OPTIMIZER_FILE, critic_forward, critic_values, explained_variance,
+                                  load_critic, write_no_critic_marker)
 from rlpipe.models.policy import save_optimizer
 from rlpipe.models.sequences import pack, pad_ragged, token_budget_chunks
 from rlpipe.progress import progress
@@ -90,16 +90,10 @@ def value_step(critic, optimizer, targets: ValueTargets | None, params: Params, 
             "value_grad_norm": grad_norm}
 
 
-@torch.no_grad()
 def predict(critic, targets: ValueTargets, params: Params, pad_id: int) -> torch.Tensor:
-    from rlpipe.models.device import model_device
-
-    width, device = targets.mask.shape[1], model_device(critic)
-    out = torch.zeros_like(targets.returns)
-    for rows in token_budget_chunks([len(p) + width for p in targets.prompt_ids], params.update.micro_batch_tokens):
-        batch = pack(targets.prompt_ids[rows], targets.response_ids[rows], pad_id, response_width=width).to(device)
-        out[rows] = critic_forward(critic, batch).to(out.device)
-    return out
+    """The critic's (B, T) values of the targets' states (`critic_values`, in the update's micro-batches)."""
+    return critic_values(critic, pad_id, targets.prompt_ids, targets.response_ids, targets.mask.shape[1],
+                         params.update.micro_batch_tokens)
 
 
 def save_critic(critic, tokenizer, optimizer, out_dir: Path, state: dict) -> None:
