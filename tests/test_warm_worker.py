@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -207,6 +208,22 @@ def test_a_worker_that_cannot_import_its_libraries_sends_the_stage_to_run_cold(t
     assert (root / "runs/data/train.parquet").is_file()
     log = (root / WORKER_LOG).read_text()
     assert "could not start" in log and "a torch broken on purpose by the test" in log
+
+
+def test_a_stage_reads_the_answer_of_a_worker_that_closed_before_taking_its_request(tmp_path):
+    """The race the test above can hit: the failing worker answers the stage waiting in its backlog and
+    closes before the stage has sent its request. The send then fails (broken pipe), and the answer that
+    already arrived is what counts; with none, the stage is told to run in its own process."""
+    from rlpipe.worker.client import run_in_worker
+
+    for answer in ({"ok": False, "kind": "unavailable", "error": "the warm worker could not import its libraries"}, None):
+        stage_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        if answer is not None:
+            worker_end.sendall((json.dumps(answer) + "\n").encode())
+        worker_end.close()
+        got = run_in_worker(stage_end, "prepare", None, tmp_path)
+        assert got["kind"] == "unavailable" and not got["ok"]
+        assert got == answer if answer else "before taking the stage" in got["error"]
 
 
 @pytest.mark.slow

@@ -90,8 +90,16 @@ def run_in_worker(conn: socket.socket, stage: str, round_name: str | None, proje
         env["RLPIPE_PROGRESS"] = "1"
     request = {"stage": stage, "round": round_name, "cwd": str(project), "env": env}
     with conn:
-        socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [1, 2])
+        try:
+            socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [1, 2])
+            sent = True
+        except (BrokenPipeError, ConnectionResetError):
+            # A worker whose imports failed answers the stages waiting in its backlog and closes, and
+            # can do so before this request is sent: its answer is read below all the same.
+            sent = False
         answer = conn.makefile("r", encoding="utf-8").readline()
+    if not answer and not sent:
+        return {"ok": False, "kind": "unavailable", "error": "the warm worker closed the connection before taking the stage"}
     if not answer:
         log = service_log(project, "rlpipe-worker.log")
         raise WorkerDied(f"the warm worker stopped in the middle of the stage (killed, or out of memory; log: "
