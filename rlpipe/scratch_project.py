@@ -4,6 +4,7 @@ pipeline files are written for the given params' rounds (`rlpipe pipeline`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +20,17 @@ PIPELINE_FILES = ("stages", "rlpipe", ".dvc/config", ".dvc/plots_page.html", ".d
 def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Path:
     """Copy the pipeline into `root`, write `params_text` as its params.yaml, and commit it all (DVC
     experiments need a commit to start from). Returns `root`."""
+    write_project(root, params_text)
+    git = ["git", "-c", f"user.name={committer}", "-c", f"user.email={committer}@rlpipe.invalid"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
+    return root
+
+
+def write_project(root: Path, params_text: str) -> Path:
+    """The pipeline's files in `root` with `params_text` as its params.yaml, and its dvc.yaml and round
+    files written for those params: enough to run the stages by hand, without git or DVC. Returns `root`."""
     root.mkdir(parents=True, exist_ok=True)
     for name in PIPELINE_FILES:
         src, dst = CHECKOUT / name, root / name
@@ -29,10 +41,6 @@ def copy_pipeline(root: Path, params_text: str, committer: str = "rlpipe") -> Pa
             shutil.copy(src, dst)
     (root / "params.yaml").write_text(params_text)
     write_pipeline(load_params(root / "params.yaml"), root)  # dvc.yaml and the params' round files
-    git = ["git", "-c", f"user.name={committer}", "-c", f"user.email={committer}@rlpipe.invalid"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "scratch"], cwd=root, check=True)
     return root
 
 
@@ -43,3 +51,17 @@ def scratch_env() -> dict[str, str]:
     env = {**os.environ, "RLPIPE_PROGRESS": "0", "RLPIPE_EXECUTION_ID": ""}
     env.pop("MLFLOW_TRACKING_URI", None)
     return env
+
+
+def artifact_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every artifact under runs/: data, checkpoints, round tables. The reports
+    (`rlpipe.paths.REPORTS`: metrics, stage metrics, plots) are left out, because they hold wall times."""
+    from rlpipe.paths import REPORTS
+
+    reports = tuple(f"{folder.as_posix()}/" for folder in REPORTS)
+    out = {}
+    for path in sorted((root / "runs").rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and not rel.startswith(reports):
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out

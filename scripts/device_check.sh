@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The prepared GPU check (scripts/device_check.py): one command for a session lent the device machine,
+# The prepared GPU check: one command for a session lent the device machine,
 #   bash scripts/device_wheels.sh                                   # here, once: pydantic's wheels in .whl/
 #   run(command="bash scripts/device_check.sh", carry=[".whl"], timeout_s=600)
-# It writes $OUT/device_check.json (runs/device_check/ elsewhere). Arguments go to device_check.py
-# (`--shape tiny` on a CPU). Stays under 10 minutes on one H200 (a 9-minute timeout guards it).
+# 1. scripts/device_check.py: the update (DDP, FSDP2), logprob agreement, HF rollout and the model store's
+#    offload on a model of Qwen2.5-0.5B's shape; writes $OUT/device_check.json. Arguments go to it
+#    (`--shape tiny` on a CPU).
+# 2. scripts/device_pipeline.py: the pipeline's stages on the GPU, cold and warm, with runtime.deterministic
+#    on and off, and whether they write the same bytes; writes $OUT/device_pipeline.json. Its arguments come
+#    from DEVICE_PIPELINE_ARGS; DEVICE_PIPELINE=off skips it.
+# Each part has its own time limit (4 and 5.5 minutes), so the whole stays under 10 minutes, and the second
+# runs even if the first fails. (runs/device_check/ instead of $OUT elsewhere.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
@@ -13,4 +19,12 @@ if ! "$python" -c "import pydantic" 2> /dev/null && compgen -G ".whl/*.whl" > /d
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 RLPIPE_PROGRESS=0
 out="${OUT:-runs/device_check}"
-timeout 540 "$python" scripts/device_check.py --out "$out/device_check.json" "$@"
+status=0
+timeout 240 "$python" scripts/device_check.py --out "$out/device_check.json" "$@" || status=$?
+if [ "${DEVICE_PIPELINE:-on}" != off ]; then
+    # the init stage's warm start runs on the CPU: the device machine's cores make it quick
+    # shellcheck disable=SC2086  # DEVICE_PIPELINE_ARGS is a list of arguments
+    timeout 330 "$python" scripts/device_pipeline.py --out "$out/device_pipeline.json" \
+        ${DEVICE_PIPELINE_ARGS:---set runtime.torch_threads=8} || status=$((status ? status : $?))
+fi
+exit "$status"

@@ -3,7 +3,6 @@ params file, and `dvc` run in it the way a user runs it (no progress bars, its o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -11,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import REPO
+from rlpipe.scratch_project import artifact_hashes  # noqa: F401  (the tests import it from here)
 
 MINI_PARAMS = REPO / "tests" / "params_mini.yaml"
 
@@ -81,15 +81,3 @@ def tracked_stages(log: str) -> list[str]:
     return [stage for stage in ran_stages(log) if stage != "fingerprint"]
 
 
-def artifact_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every artifact under runs/: data, checkpoints, round tables. The reports
-    (`rlpipe.paths.REPORTS`: metrics, stage metrics, plots) are left out, because they hold wall times."""
-    from rlpipe.paths import REPORTS
-
-    reports = tuple(f"{folder.as_posix()}/" for folder in REPORTS)
-    out = {}
-    for path in sorted((root / "runs").rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_file() and not rel.startswith(reports):
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out

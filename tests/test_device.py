@@ -7,11 +7,14 @@ torch keeps it, and that an optimizer stays keyed by the model's parameters."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from rlpipe.errors import PipelineError
-from rlpipe.models.device import model_device, move_model, move_optimizer_state, resolve_device
+from rlpipe.models.device import (model_device, move_model, move_optimizer_state, resolve_device,
+                                  use_deterministic_algorithms)
 from rlpipe.models.store import ModelStore
 
 
@@ -22,6 +25,20 @@ def test_auto_takes_the_gpu_when_torch_sees_one_and_cuda_without_one_names_the_k
         pytest.skip("this machine has a GPU: runtime.device cuda is valid here")
     with pytest.raises(PipelineError, match=r"runtime.device: 'cuda', but this torch .* sees no GPU"):
         resolve_device("cuda")
+
+
+def test_deterministic_mode_sets_torch_and_cublas_and_keeps_a_workspace_the_user_chose(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        use_deterministic_algorithms(True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        use_deterministic_algorithms(True)
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        use_deterministic_algorithms(False)
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def trained(model):

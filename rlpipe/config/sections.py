@@ -52,7 +52,8 @@ class RuntimeConfig(Section):
     warm_worker: bool = True
     """Run the stages' work in one resident worker per pipeline execution, which keeps torch imported and
     the models the last stage loaded or wrote in memory (README, "The warm worker"); the artifacts are
-    the same bytes either way. false: every stage is a cold process that imports and loads everything."""
+    the same bytes either way (on a GPU, with `deterministic`). false: every stage is a cold process that
+    imports and loads everything."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where a stage's models run when it is one process: rollout (hf backend), advantage, evaluation,
     value pretraining and an update with update.nproc 1. auto = the GPU when torch sees one, else the
@@ -60,6 +61,14 @@ class RuntimeConfig(Section):
     on the CPU, and an update under torchrun (nproc > 1) takes each rank's GPU (nccl) or the CPU (gloo)
     whatever this says. Not part of any stage's DVC params, as the threads: it changes how a stage runs,
     and on a GPU the last bits of what it writes, not what it computes."""
+    deterministic: bool = False
+    """Run torch's deterministic kernels (`torch.use_deterministic_algorithms`, with cuBLAS's fixed
+    workspace) in every torch stage, the warm worker and the torchrun ranks. On a GPU some kernels (atomic
+    adds in backward passes, cuBLAS's split reductions) sum in a varying order, so a rerun, or a warm run
+    against a cold one, can differ in the last bits; this makes them repeat, where every op the stage
+    runs has a deterministic kernel (torch stops the stage naming an op that has none). On the CPU every
+    kernel rlpipe runs repeats already, and the bytes are the same either way. vLLM's own kernels (the
+    `vllm` backend) are beyond it. Not part of any stage's DVC params, as the device."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ worker's model store moves what it holds to the CPU while the engine is awake (`
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from rlpipe.errors import PipelineError
@@ -20,6 +22,15 @@ def resolve_device(setting: str) -> str:
         raise PipelineError(f"runtime.device: 'cuda', but this torch ({torch.__version__}) sees no GPU; set "
                             f"it to auto or cpu")
     return setting
+
+
+def use_deterministic_algorithms(on: bool) -> None:
+    """`runtime.deterministic`, for this process. cuBLAS reads its workspace setting when the process
+    first uses it, so this runs before any model work (`StageContext.init_torch`, the torchrun ranks); a
+    value the user exported is kept."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on)
 
 
 def model_device(model) -> torch.device:

@@ -4,7 +4,7 @@
 the params and then runs `rlpipe.stages.<name>.<name>(ctx)` (`rlpipe.runner.execute`) in this process, or
 in the resident warm worker. A stage function takes a `rlpipe.runner.StageContext` (params, round, tracker) and returns its
 metrics; it reads and writes only what `dvc.yaml` declares for it. A stage that uses torch calls
-`ctx.init_torch()` first (threads and seed), and imports torch-heavy modules only after deciding it needs
+`ctx.init_torch()` first (threads, seed and deterministic kernels), and imports torch-heavy modules only after deciding it needs
 them (value_pretrain of a critic-free preset writes a marker without torch).
 """
 
@@ -78,13 +78,15 @@ class StageContext:
 
     def init_torch(self):
         """Import torch and transformers' model classes (timed: the fixed cost of a model stage), with
-        the configured threads and the run's seed."""
+        the configured threads, the run's seed and `runtime.deterministic`."""
         with self.timed("import_seconds"):
             import torch
             import transformers.models.auto.modeling_auto  # noqa: F401  (what every model load needs)
         freeze_imported_objects()
+        from rlpipe.models.device import use_deterministic_algorithms
 
         torch.set_num_threads(self.params.runtime.torch_threads)
+        use_deterministic_algorithms(self.params.runtime.deterministic)
         torch.manual_seed(self.params.seed)
         return torch
 

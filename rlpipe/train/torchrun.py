@@ -100,6 +100,7 @@ def main() -> int:
     import torch
 
     from rlpipe.config import load_params
+    from rlpipe.models.device import use_deterministic_algorithms
     from rlpipe.train.critic import update_critic
     from rlpipe.train.distributed import init_world
     from rlpipe.train.policy import update_policy
@@ -107,6 +108,7 @@ def main() -> int:
     round_name, result = sys.argv[1], Path(sys.argv[2])
     params = load_params()
     torch.manual_seed(params.seed)
+    use_deterministic_algorithms(params.runtime.deterministic)
     world = init_world()
     check_same_params(params, round_name, world)
     prev = paths.previous_round(round_name)
