@@ -66,7 +66,9 @@ def attach(model, cfg: LoRAConfig, base_path: Path, seed: int):
     from peft import get_peft_model
 
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        torch.manual_seed(seed)  # seeded adapters, and the caller's random stream untouched
+        # seeded adapters (peft initialises them on the CPU), and the caller's random streams untouched:
+        # torch.manual_seed would reseed every GPU's generator too, which fork_rng(devices=[]) leaves as is
+        torch.default_generator.manual_seed(seed)
         # peft warns that it renames the base to the model object's name, which is set right below
         warnings.filterwarnings("ignore", message=".*base_model_name_or_path.*renamed")
         try:
@@ -120,7 +122,9 @@ def load(path: str | Path, dtype):
         raise FileNotFoundError(f"{path}: its LoRA base {base_path} is not a model directory (no config.json); "
                                 f"restore it with `dvc checkout {base_path}`")
     base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=dtype)
-    return PeftModel.from_pretrained(base, str(path), is_trainable=True)
+    # onto the CPU with the base (peft would put the adapters on any GPU it sees, whatever runtime.device
+    # says, and while the vLLM engine may still hold it); the model store moves the model afterwards
+    return PeftModel.from_pretrained(base, str(path), is_trainable=True, torch_device="cpu")
 
 
 def save(model, path: Path) -> None:

@@ -88,9 +88,11 @@ class HFBackend:
         )
         seconds = time.perf_counter() - started
         generated = result.sequences[:, input_ids.shape[1] :]
-        raw_logits = torch.stack(result.logits, dim=1)  # (b, steps, V), before any processor
-        logprobs = torch.log_softmax(raw_logits.float() / spec.temperature, dim=-1)
-        token_logprobs = logprobs.gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        # each step's logits (b, V), before any processor, one step at a time: stacked, the (b, steps, V)
+        # tensor and its log-softmax would hold two more copies of every logit (GBs on a GPU at a real vocab)
+        token_logprobs = torch.stack([
+            torch.log_softmax(logits.float() / spec.temperature, dim=-1).gather(-1, generated[:, k, None]).squeeze(-1)
+            for k, logits in enumerate(result.logits)], dim=1)
         return _trim(generated.cpu(), token_logprobs.cpu(), eos_id, pad_id, seconds)
 
     def _shared_prefix_cache(self, unique_ids: torch.Tensor, unique_mask: torch.Tensor, counts: torch.Tensor):
