@@ -1,8 +1,9 @@
 """The `hf` rollout backend: transformers `generate` with KV cache, batched, left padding.
 
 Sampling is done by `SeededSampler` (per-prompt seeds, batch-independent); `generate` runs greedily
-over its one-hot scores. Behaviour logprobs come from the raw logits (`output_logits=True`): the
-`scores` that generate reports come after the logits processors and differ.
+over its one-hot scores. Behaviour logprobs come from the raw logits the sampler sees at each step
+(`SeededSampler.token_logprobs`): the `scores` that generate reports come after the logits processors
+and differ.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ class HFBackend:
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id,
-            output_logits=True,
             return_dict_in_generate=True,
         )
 
@@ -88,12 +88,7 @@ class HFBackend:
         )
         seconds = time.perf_counter() - started
         generated = result.sequences[:, input_ids.shape[1] :]
-        # each step's logits (b, V), before any processor, one step at a time: stacked, the (b, steps, V)
-        # tensor and its log-softmax would hold two more copies of every logit (GBs on a GPU at a real vocab)
-        token_logprobs = torch.stack([
-            torch.log_softmax(logits.float() / spec.temperature, dim=-1).gather(-1, generated[:, k, None]).squeeze(-1)
-            for k, logits in enumerate(result.logits)], dim=1)
-        return _trim(generated.cpu(), token_logprobs.cpu(), eos_id, pad_id, seconds)
+        return _trim(generated.cpu(), sampler.token_logprobs().cpu(), eos_id, pad_id, seconds)
 
     def _shared_prefix_cache(self, unique_ids: torch.Tensor, unique_mask: torch.Tensor, counts: torch.Tensor):
         """KV cache of all but the last prompt token of each distinct prompt, repeated per sample row

@@ -58,19 +58,30 @@ class SeededSampler:
     """A transformers logits processor that samples each row with its own uniforms.
 
     It returns scores that are 0 at the chosen token and -inf elsewhere, so `generate` run greedily
-    emits exactly that token. Greedy rows (ReMax's baseline, evaluation) take the argmax.
+    emits exactly that token. Greedy rows (ReMax's baseline, evaluation) take the argmax. It keeps each
+    chosen token's log-probability under the raw logits at the sampling temperature (the behaviour
+    logprob; `token_logprobs`), so that `generate` need not keep every step's logits: at a real vocabulary
+    those are (rows, steps, V) floats, GBs per batch on a GPU.
     """
 
     def __init__(self, uniforms: torch.Tensor, greedy: torch.Tensor, prompt_width: int,
                  temperature: float, top_k: int, top_p: float):
         self.uniforms, self.greedy, self.prompt_width = uniforms, greedy, prompt_width
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self._logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         step = input_ids.shape[1] - self.prompt_width
         logits = filter_logits(scores, self.temperature, self.top_k, self.top_p)
         sampled = inverse_cdf_sample(logits, self.uniforms[:, step])
         tokens = torch.where(self.greedy, scores.argmax(dim=-1), sampled)
+        self._logprobs.append(torch.log_softmax(scores.float() / self.temperature, dim=-1)
+                              .gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(-1, tokens.unsqueeze(-1), 0.0)
         return out
+
+    def token_logprobs(self) -> torch.Tensor:
+        """(rows, steps): each step's chosen token's logprob. A row that has ended still gets a token
+        each step (generate then writes padding in its place); those steps are cut with the row."""
+        return torch.stack(self._logprobs, dim=1)
