@@ -128,7 +128,7 @@ def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> l
     from rlpipe import paths
     from rlpipe.models.policy import load_policy
     from rlpipe.scratch_project import scratch_env
-    from rlpipe.worker.client import worker_pids
+    from rlpipe.worker.client import signal_workers
 
     curve, clock = [], Clock()
     log = open(root / "bench-dvc-repro.log", "w")
@@ -138,11 +138,7 @@ def run_ours(root: Path, params, evaluator, target: float, max_rounds: int) -> l
     def pause(sig: int) -> None:
         """The whole pipeline: dvc and its stage processes, and the warm worker (its own session)."""
         os.killpg(repro.pid, sig)
-        for pid in worker_pids(root):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_workers(root, sig)
 
     def score(k: int) -> float:
         pause(signal.SIGSTOP)

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ sys.path.insert(0, str(CHECKOUT))
 
 from rlpipe.scratch_project import artifact_hashes, write_project  # noqa: E402
 from rlpipe.stages import STAGES  # noqa: E402
+from rlpipe.worker.client import signal_workers  # noqa: E402
 
 # (name, runtime.warm_worker, runtime.deterministic): the deterministic pair first, the claim that matters
 VARIANTS = (("cold_deterministic", False, True), ("warm_deterministic", True, True),
@@ -103,16 +105,6 @@ def run_stages(root: Path, commands: list[list[str]], env: dict, deadline: float
     return True
 
 
-def stop_workers(root: Path) -> None:
-    from rlpipe.worker.client import worker_pids
-
-    for pid in worker_pids(root):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=CHECKOUT / "params.yaml", help="the project's params (default: the checkout's)")
@@ -167,7 +159,7 @@ def main() -> int:
             done = run_stages(root, [["fingerprint"], *after], variant_env, deadline,
                               figures["stages"].setdefault(name, []), save)
         finally:
-            stop_workers(root)
+            signal_workers(root, signal.SIGKILL)
         if done:
             hashes[name] = artifact_hashes(root)
             evaluation = root / "runs/metrics/eval.json"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from rlpipe.scratch_project import scratch_env
-from rlpipe.worker.client import worker_pids
+from rlpipe.worker.client import signal_workers, worker_pids
 from scratch import artifact_hashes, dvc, dvc_target, make_project, ran_stages
 
 WORKER_LOG = Path(".dvc/tmp/rlpipe-worker.log")
@@ -40,11 +40,7 @@ def by_hand(root: Path, stage: str, round_name: str, env: dict) -> dict:
 
 
 def stop_workers(root: Path) -> None:
-    for pid in worker_pids(root):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    signal_workers(root, signal.SIGKILL)
 
 
 def with_params(root: Path, **changes) -> None:

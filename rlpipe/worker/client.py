@@ -115,3 +115,12 @@ def worker_pids(project: Path) -> list[int]:
     lines = log.read_text().splitlines() if log.is_file() else []
     return [int(line.split()[2].rstrip(":")) for line in lines if line.startswith("rlpipe worker ") and ": serving " in line]
 
+
+def signal_workers(project: Path, sig: int) -> None:
+    """Send `sig` to every worker started for `project` that is still running (SIGKILL to stop them,
+    SIGSTOP/SIGCONT to pause them with their pipeline)."""
+    for pid in worker_pids(project):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
