@@ -122,9 +122,10 @@ def execute(name: str, params: Params, round_name: str | None = None, tracker: S
 
         models = ModelStore()
     if models is not None:
-        from rlpipe.models.device import resolve_device
+        from rlpipe.models.device import gpu_memory_metrics, reset_gpu_peak, resolve_device
 
         models.device = resolve_device(params.runtime.device)
+        reset_gpu_peak(models.device)
     from rlpipe.file_md5 import hash_wait_seconds  # here, not at the top: the thin client never hashes
 
     ctx = StageContext(name, params, round_name, tracker, models)
@@ -135,7 +136,8 @@ def execute(name: str, params: Params, round_name: str | None = None, tracker: S
         metrics = work(ctx) or {}
     # of the work, the time its writers waited on the md5s handed to DVC (rlpipe/file_md5.py)
     ctx.timings["hash_wait_seconds"] = hash_wait_seconds() - hash_wait_before
-    return {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()}}
+    gpu = gpu_memory_metrics(models.device) if models is not None else {}  # peak and held, on a GPU
+    return {**metrics, **{f"stage/{k}": v for k, v in ctx.timings.items()}, **gpu}
 
 
 def run_stage(name: str) -> None:

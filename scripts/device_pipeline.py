@@ -13,8 +13,9 @@ worker").
 3. The sha256 of every artifact (`artifact_hashes`: data, checkpoints, round tables) compared: warm
    against cold at each setting, and the two cold runs against each other.
 
-The figures (JSON): each stage's wall seconds and its own metrics, each variant's greedy pass@1, the
-files that differ. The file is rewritten after every stage, so a run cut off by its time limit keeps what
+The figures (JSON): each stage's wall seconds and its own metrics (on a GPU with its peak and held GPU
+memory, `stage/gpu_peak_gib`, `stage/gpu_held_gib`), each variant's greedy pass@1, the files that
+differ. The file is rewritten after every stage, so a run cut off by its time limit keeps what
 it did; --budget skips the variants that would start after that many seconds. On the CPU it runs
 with the test's miniature params in about two minutes (tests/test_device_check.py), and there every
 pair is the same bytes.

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rlpipe.errors import PipelineError
-from rlpipe.models.device import (model_device, move_model, move_optimizer_state, resolve_device,
-                                  use_deterministic_algorithms)
+from rlpipe.models.device import (gpu_memory_metrics, model_device, move_model, move_optimizer_state,
+                                  reset_gpu_peak, resolve_device, use_deterministic_algorithms)
 from rlpipe.models.store import ModelStore
 
 
@@ -39,6 +39,16 @@ def test_deterministic_mode_sets_torch_and_cublas_and_keeps_a_workspace_the_user
     finally:
         use_deterministic_algorithms(False)
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_gpu_memory_is_counted_on_a_gpu_only():
+    reset_gpu_peak("cpu")  # no CUDA call on the CPU: this torch has none
+    assert gpu_memory_metrics("cpu") == {}
+    if torch.cuda.is_available():
+        reset_gpu_peak("cuda")
+        held = torch.ones(2**20, device="cuda")
+        figures = gpu_memory_metrics("cuda")
+        assert figures["stage/gpu_peak_gib"] >= figures["stage/gpu_held_gib"] >= held.numel() * 4 / 2**30
 
 
 def trained(model):

@@ -33,6 +33,22 @@ def use_deterministic_algorithms(on: bool) -> None:
     torch.use_deterministic_algorithms(on)
 
 
+def reset_gpu_peak(device: str) -> None:
+    """Start a stage's count of the GPU memory it peaks at (`gpu_memory_metrics`); nothing on the CPU."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def gpu_memory_metrics(device: str) -> dict[str, float]:
+    """On a GPU, the stage's `stage/gpu_peak_gib` (the most memory torch's allocator held for it at once,
+    since `reset_gpu_peak`) and `stage/gpu_held_gib` (what stays allocated after it: in the warm worker,
+    the models it keeps for the next stage). Empty on the CPU."""
+    if device != "cuda":
+        return {}
+    return {"stage/gpu_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "stage/gpu_held_gib": torch.cuda.memory_allocated() / 2**30}
+
+
 def model_device(model) -> torch.device:
     """The device of the model's first parameter (a one-process stage keeps all of them on one)."""
     return next(model.parameters()).device
