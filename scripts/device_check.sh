@@ -22,9 +22,11 @@ out="${OUT:-runs/device_check}"
 status=0
 timeout 240 "$python" scripts/device_check.py --out "$out/device_check.json" "$@" || status=$?
 if [ "${DEVICE_PIPELINE:-on}" != off ]; then
-    # the init stage's warm start runs on the CPU: the device machine's cores make it quick
+    # ppo, so that the critic runs on the GPU too, in bf16 as a GPU run would be; the init stage's warm
+    # start runs on the CPU, where the device machine's cores make it quick
     # shellcheck disable=SC2086  # DEVICE_PIPELINE_ARGS is a list of arguments
     timeout 330 "$python" scripts/device_pipeline.py --out "$out/device_pipeline.json" \
-        ${DEVICE_PIPELINE_ARGS:---set runtime.torch_threads=8} || status=$((status ? status : $?))
+        ${DEVICE_PIPELINE_ARGS:---set runtime.torch_threads=8 --set algorithm.preset=ppo --set update.bf16=true --set rollout.bf16=true} \
+        || status=$((status ? status : $?))
 fi
 exit "$status"
