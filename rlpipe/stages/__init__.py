@@ -4,8 +4,8 @@
 the params and then runs `rlpipe.stages.<name>.<name>(ctx)` (`rlpipe.runner.execute`) in this process, or
 in the resident warm worker. A stage function takes a `rlpipe.runner.StageContext` (params, round, tracker) and returns its
 metrics; it reads and writes only what `dvc.yaml` declares for it. A stage that uses torch calls
-`ctx.init_torch()` first (threads, seed and deterministic kernels), and imports torch-heavy modules only after deciding it needs
-them (value_pretrain of a critic-free preset writes a marker without torch).
+`ctx.init_torch()` first (threads, seed and deterministic kernels), and imports torch-heavy modules only
+after deciding it needs them (value_pretrain of a critic-free preset writes a marker without torch).
 """
 
 from __future__ import annotations
