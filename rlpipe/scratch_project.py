@@ -65,3 +65,8 @@ def artifact_hashes(root: Path) -> dict[str, str]:
         if path.is_file() and not rel.startswith(reports):
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
+
+
+def differing_artifacts(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The artifacts of two `artifact_hashes` that differ, or that only one of them has, sorted."""
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))

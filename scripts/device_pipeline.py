@@ -39,7 +39,8 @@ import yaml
 CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(CHECKOUT))
 
-from rlpipe.scratch_project import artifact_hashes, write_project  # noqa: E402
+from rlpipe import paths  # noqa: E402
+from rlpipe.scratch_project import artifact_hashes, differing_artifacts, write_project  # noqa: E402
 from rlpipe.stages import STAGES  # noqa: E402
 from rlpipe.worker.client import signal_workers  # noqa: E402
 
@@ -82,12 +83,12 @@ def run_stage(root: Path, args: list[str], env: dict, timeout: float) -> dict:
         done = subprocess.run([sys.executable, f"stages/{args[0]}.py", *args[1:]], cwd=root, env=env,
                               capture_output=True, text=True, timeout=max(1.0, timeout))
         ok, stderr = done.returncode == 0, done.stderr
-    except subprocess.TimeoutExpired as err:
-        ok, stderr = False, f"timed out after {err.timeout:.0f} s\n{err.stderr or ''}"
+    except subprocess.TimeoutExpired as err:  # its output comes as bytes, text=True or not
+        ok, stderr = False, f"timed out after {err.timeout:.0f} s\n{(err.stderr or b'').decode(errors='replace')}"
     record = {"stage": "@".join(args), "seconds": round(time.perf_counter() - began, 3), "ok": ok}
     if not ok:
-        record["error"] = stderr[-3000:] if isinstance(stderr, str) else repr(stderr)[-3000:]
-    metrics = root / "runs/stage_metrics" / f"{'_'.join(args)}.json"
+        record["error"] = stderr[-3000:]
+    metrics = root / paths.stage_metrics_path(*args)
     if ok and metrics.is_file():
         record["metrics"] = json.loads(metrics.read_text())
     return record
@@ -163,14 +164,13 @@ def main() -> int:
             signal_workers(root, signal.SIGKILL)
         if done:
             hashes[name] = artifact_hashes(root)
-            evaluation = root / "runs/metrics/eval.json"
+            evaluation = root / paths.EVAL
             if evaluation.is_file():
                 scores = json.loads(evaluation.read_text())
                 figures["pass_at_1"][name] = {"init": scores.get("pass@1_init"), "last_round": scores.get("pass@1")}
         for a, b in COMPARISONS:
             if a in hashes and b in hashes:
-                figures["differing_files"][f"{a} vs {b}"] = sorted(
-                    k for k in hashes[a].keys() | hashes[b].keys() if hashes[a].get(k) != hashes[b].get(k))
+                figures["differing_files"][f"{a} vs {b}"] = differing_artifacts(hashes[a], hashes[b])
         figures["artifacts_compared"] = len(next(iter(hashes.values()), {}))
         save()
     if args.keep is None:

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import REPO
-from rlpipe.scratch_project import artifact_hashes  # noqa: F401  (the tests import it from here)
+from rlpipe.scratch_project import artifact_hashes, differing_artifacts  # noqa: F401  (the tests import them from here)
 
 MINI_PARAMS = REPO / "tests" / "params_mini.yaml"
 

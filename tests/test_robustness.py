@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from rlpipe.scratch_project import scratch_env
-from scratch import artifact_hashes, dvc, dvc_target, make_project, ran_stages
+from scratch import artifact_hashes, differing_artifacts, dvc, dvc_target, make_project, ran_stages
 
 ROUND_DIR = Path("runs/rounds/r1")
 
@@ -212,7 +212,7 @@ def test_sigkill_at_random_moments_then_repro_restores_the_same_bytes(stage, min
         repair_dvc_files_cut_by_the_kill(root, lock, committed_lock)
         reran += stage in ran_stages(dvc(root, "repro"))
         now = artifact_hashes(root)
-        differ = sorted(set(now) ^ set(reference) | {k for k in now.keys() & reference.keys() if now[k] != reference[k]})
+        differ = differing_artifacts(now, reference)
         assert not differ, f"kill {kill} of {stage}: {differ}"
     # most kills must have landed while the stage ran (its outputs gone or partial, so repro reran it)
     assert reran >= KILLS_PER_STAGE // 2, f"only {reran} of {KILLS_PER_STAGE} kills interrupted {stage}"

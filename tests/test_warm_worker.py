@@ -22,7 +22,7 @@ import yaml
 
 from rlpipe.scratch_project import scratch_env
 from rlpipe.worker.client import signal_workers, worker_pids
-from scratch import artifact_hashes, dvc, dvc_target, make_project, ran_stages
+from scratch import artifact_hashes, differing_artifacts, dvc, dvc_target, make_project, ran_stages
 
 WORKER_LOG = Path(".dvc/tmp/rlpipe-worker.log")
 
@@ -265,5 +265,5 @@ def test_warm_and_cold_runs_write_the_same_bytes(preset, tmp_path):
         assert ("stage/worker_loads" in metrics) == warm
         hashes[warm] = artifact_hashes(root)
     assert len(hashes[True]) > 40
-    differ = sorted(k for k in hashes[True].keys() | hashes[False].keys() if hashes[True].get(k) != hashes[False].get(k))
+    differ = differing_artifacts(hashes[True], hashes[False])
     assert not differ, differ
